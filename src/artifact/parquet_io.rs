@@ -1,0 +1,159 @@
+//! Deterministic Parquet I/O with schema validation.
+//!
+//! Written bytes depend only on the rows: zstd, a fixed `created_by`, no timestamps, one row group
+//! per batch in the order given. Reading casts compatible types (e.g. a Python writer's int64 or
+//! large_string) to the contract's types, and names the file and column when it cannot.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, FieldRef, Schema as ArrowSchema};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::{de::DeserializeOwned, Serialize};
+
+use super::Schema;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not a readable Parquet file: {message}")]
+    Parquet { path: PathBuf, message: String },
+    #[error("{path}: missing column `{column}` (expected type {expected}) required by schema `{schema}`")]
+    MissingColumn { path: PathBuf, column: String, expected: String, schema: Schema },
+    #[error("{path}: column `{column}` has type {found}, expected {expected} (schema `{schema}`)")]
+    ColumnType { path: PathBuf, column: String, found: String, expected: String, schema: Schema },
+    #[error("{path}: column `{column}` row {row}: null where schema `{schema}` requires a value")]
+    NullValue { path: PathBuf, column: String, row: usize, schema: Schema },
+    #[error("{path}: missing {what}")]
+    Missing { path: PathBuf, what: String },
+    #[error("{path}: rows do not match schema `{schema}`: {message}")]
+    Rows { path: PathBuf, schema: Schema, message: String },
+}
+
+fn writer_props() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid zstd level")))
+        .set_created_by("rredcot".to_string())
+        .build()
+}
+
+/// Write one record batch as a Parquet file (deterministic bytes for equal batches).
+pub fn write_batch(path: &Path, batch: &RecordBatch) -> Result<(), ArtifactError> {
+    let perr = |e: parquet::errors::ParquetError| ArtifactError::Parquet { path: path.to_path_buf(), message: e.to_string() };
+    let file = File::create(path).map_err(|source| ArtifactError::Io { path: path.to_path_buf(), source })?;
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(writer_props())).map_err(perr)?;
+    writer.write(batch).map_err(perr)?;
+    let file = writer.into_inner().map_err(perr)?;
+    file.sync_all().map_err(|source| ArtifactError::Io { path: path.to_path_buf(), source })?;
+    Ok(())
+}
+
+/// Read every batch of a Parquet file and concatenate them.
+pub fn read_batches(path: &Path) -> Result<RecordBatch, ArtifactError> {
+    let perr = |m: String| ArtifactError::Parquet { path: path.to_path_buf(), message: m };
+    let file = File::open(path).map_err(|source| ArtifactError::Io { path: path.to_path_buf(), source })?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| perr(e.to_string()))?;
+    let schema = builder.schema().clone();
+    let reader = builder.build().map_err(|e| perr(e.to_string()))?;
+    let mut batches = Vec::new();
+    for b in reader {
+        batches.push(b.map_err(|e| perr(e.to_string()))?);
+    }
+    arrow::compute::concat_batches(&schema, &batches).map_err(|e| perr(e.to_string()))
+}
+
+/// Types equal up to list child names/nullability and string/large-string, int widths.
+fn cast_target(found: &DataType, expected: &DataType) -> bool {
+    use DataType::*;
+    match (found, expected) {
+        (a, b) if a == b => true,
+        (Utf8 | LargeUtf8 | Utf8View, Utf8) => true,
+        (Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32, Int32) => true,
+        (Float16 | Float32 | Float64, Float32 | Float64) => true,
+        (Int8 | Int16 | Int32 | Int64, Float64) => true,
+        (List(a) | LargeList(a), List(b)) => cast_target(a.data_type(), b.data_type()),
+        (Null, _) => true,
+        _ => false,
+    }
+}
+
+/// Validate a batch against a schema and cast its required columns to the contract's types.
+pub fn conform(path: &Path, batch: &RecordBatch, schema: Schema) -> Result<RecordBatch, ArtifactError> {
+    let mut fields: Vec<FieldRef> = batch.schema().fields().iter().cloned().collect();
+    let mut columns = batch.columns().to_vec();
+    for want in schema.columns() {
+        let Some(idx) = fields.iter().position(|f| f.name() == want.name()) else {
+            return Err(ArtifactError::MissingColumn {
+                path: path.to_path_buf(),
+                column: want.name().clone(),
+                expected: want.data_type().to_string(),
+                schema,
+            });
+        };
+        let found = columns[idx].data_type().clone();
+        if !cast_target(&found, want.data_type()) {
+            return Err(ArtifactError::ColumnType {
+                path: path.to_path_buf(),
+                column: want.name().clone(),
+                found: found.to_string(),
+                expected: want.data_type().to_string(),
+                schema,
+            });
+        }
+        let casted = if &found == want.data_type() {
+            columns[idx].clone()
+        } else {
+            cast(&columns[idx], want.data_type()).map_err(|e| ArtifactError::ColumnType {
+                path: path.to_path_buf(),
+                column: want.name().clone(),
+                found: format!("{found} ({e})"),
+                expected: want.data_type().to_string(),
+                schema,
+            })?
+        };
+        if !want.is_nullable() && casted.null_count() > 0 {
+            let row = (0..casted.len()).find(|&i| casted.is_null(i)).unwrap_or(0);
+            return Err(ArtifactError::NullValue { path: path.to_path_buf(), column: want.name().clone(), row, schema });
+        }
+        fields[idx] = Arc::new(want.clone());
+        columns[idx] = casted;
+    }
+    RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)
+        .map_err(|e| ArtifactError::Rows { path: path.to_path_buf(), schema, message: e.to_string() })
+}
+
+/// Read and validate a Parquet artifact of the given schema.
+pub fn validate_file(path: &Path, schema: Schema) -> Result<RecordBatch, ArtifactError> {
+    if !path.is_file() {
+        return Err(ArtifactError::Missing { path: path.to_path_buf(), what: format!("Parquet file for schema `{schema}`") });
+    }
+    let batch = read_batches(path)?;
+    conform(path, &batch, schema)
+}
+
+/// Write typed rows (see `rows`) as a Parquet artifact of `schema`.
+pub fn write_rows<T: Serialize>(path: &Path, schema: Schema, rows: &[T]) -> Result<(), ArtifactError> {
+    let fields: Vec<FieldRef> = schema.columns().into_iter().map(Arc::new).collect();
+    let batch = serde_arrow::to_record_batch(&fields, &rows)
+        .map_err(|e| ArtifactError::Rows { path: path.to_path_buf(), schema, message: e.to_string() })?;
+    write_batch(path, &batch)
+}
+
+/// Read typed rows of `schema` from a Parquet artifact (extra columns are ignored).
+pub fn read_rows<T: DeserializeOwned>(path: &Path, schema: Schema) -> Result<Vec<T>, ArtifactError> {
+    let batch = validate_file(path, schema)?;
+    let names: Vec<String> = schema.columns().iter().map(|f| f.name().clone()).collect();
+    let idx: Vec<usize> = names.iter().map(|n| batch.schema().index_of(n).expect("validated column")).collect();
+    let projected = batch
+        .project(&idx)
+        .map_err(|e| ArtifactError::Rows { path: path.to_path_buf(), schema, message: e.to_string() })?;
+    serde_arrow::from_record_batch(&projected)
+        .map_err(|e| ArtifactError::Rows { path: path.to_path_buf(), schema, message: e.to_string() })
+}

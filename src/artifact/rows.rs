@@ -1,0 +1,132 @@
+//! Typed rows of the tabular artifacts; field names are the Parquet column names.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptRow {
+    pub id: String,
+    /// Plain text, or chat messages as a JSON array of `{role, content}`.
+    pub prompt: String,
+    /// Reference answer y*.
+    pub answer: Option<String>,
+    /// Reference solution u*.
+    pub solution: Option<String>,
+    pub source: String,
+    /// Free-form JSON object (difficulty, split, original columns...).
+    pub meta: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRow {
+    pub prompt_id: String,
+    pub sample_idx: i32,
+    pub completion_ids: Vec<i32>,
+    pub text: String,
+    pub logprobs: Vec<f32>,
+    pub entropies: Vec<f32>,
+    pub answer_extracted: Option<String>,
+    pub reward: f64,
+    pub finish_reason: String,
+    pub policy_ckpt: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentRow {
+    pub prompt_id: String,
+    pub sample_idx: i32,
+    pub seg_starts: Vec<i32>,
+    pub seg_ends: Vec<i32>,
+    pub method: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreRow {
+    pub prompt_id: String,
+    pub sample_idx: i32,
+    /// R_t = log p(y* | x, u_1..u_t), t = 0..T.
+    #[serde(rename = "R")]
+    pub r: Vec<f64>,
+    /// v_t = log p(u* | x, u_1..u_t), t = 0..T.
+    pub v: Vec<f64>,
+    /// Per-segment credit σ_1..σ_T.
+    pub sigma: Vec<f64>,
+    pub method: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRow {
+    pub prompt_id: String,
+    pub benchmark: String,
+    pub sample_idx: i32,
+    pub text: String,
+    pub answer: Option<String>,
+    pub correct_verifier: bool,
+    pub correct_judge: Option<bool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::artifact::{read_rows, write_rows, Schema};
+
+    fn rollout(i: i32) -> RolloutRow {
+        RolloutRow {
+            prompt_id: format!("p{i}"),
+            sample_idx: i,
+            completion_ids: vec![1, 2, i],
+            text: "x".into(),
+            logprobs: vec![-0.5, -1.0, -2.0],
+            entropies: vec![0.1, 0.2, 0.3],
+            answer_extracted: if i % 2 == 0 { Some("4".into()) } else { None },
+            reward: 1.0,
+            finish_reason: "stop".into(),
+            policy_ckpt: "abc".into(),
+        }
+    }
+
+    #[test]
+    fn rows_roundtrip_and_bytes_are_deterministic() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows: Vec<RolloutRow> = (0..5).map(rollout).collect();
+        let a = dir.path().join("a.parquet");
+        let b = dir.path().join("b.parquet");
+        write_rows(&a, Schema::Rollouts, &rows).unwrap();
+        write_rows(&b, Schema::Rollouts, &rows).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        let back: Vec<RolloutRow> = read_rows(&a, Schema::Rollouts).unwrap();
+        assert_eq!(back, rows);
+    }
+
+    #[test]
+    fn missing_column_error_names_file_column_and_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.parquet");
+        let rows = vec![SegmentRow { prompt_id: "p".into(), sample_idx: 0, seg_starts: vec![0], seg_ends: vec![3], method: "m".into() }];
+        write_rows(&p, Schema::Segments, &rows).unwrap();
+        let err = read_rows::<ScoreRow>(&p, Schema::Scores).unwrap_err().to_string();
+        assert!(err.contains("s.parquet"), "{err}");
+        assert!(err.contains("missing column `R`"), "{err}");
+        assert!(err.contains("List"), "{err}");
+    }
+
+    #[test]
+    fn wrong_column_type_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("e.parquet");
+        // `sample_idx` written as a string column: not castable to int32 by contract.
+        let rows = vec![PromptRow { id: "1".into(), prompt: "q".into(), answer: None, solution: None, source: "s".into(), meta: "{}".into() }];
+        write_rows(&p, Schema::Prompts, &rows).unwrap();
+        let batch = crate::artifact::read_batches(&p).unwrap();
+        let renamed = arrow::array::RecordBatch::try_new(
+            std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+                arrow::datatypes::Field::new("prompt_id", arrow::datatypes::DataType::Utf8, false),
+                arrow::datatypes::Field::new("sample_idx", arrow::datatypes::DataType::Utf8, false),
+            ])),
+            vec![batch.column(0).clone(), batch.column(1).clone()],
+        )
+        .unwrap();
+        crate::artifact::write_batch(&p, &renamed).unwrap();
+        let err = crate::artifact::validate_file(&p, Schema::Segments).unwrap_err().to_string();
+        assert!(err.contains("column `sample_idx` has type Utf8, expected Int32"), "{err}");
+    }
+}

@@ -1,0 +1,522 @@
+//! Command-line interface (shared by `rredcot` and `rredcot-worker`; they differ only in the
+//! builtins they can run in-process).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::artifact::Schema;
+use crate::engine::exec::{exec_instance, worker_exe, ExecOutcome};
+use crate::engine::local::LocalExecutor;
+use crate::engine::plan::{InputRef, ParamSource};
+use crate::engine::resolve::{why_not_cached, Resolver};
+use crate::engine::runner::{detect_gpus, referenced_keys, run_pipeline, self_exe, RunOptions, INTERRUPTED};
+use crate::engine::slurm::{SlurmExecutor, SlurmProfile};
+use crate::engine::spec::short;
+use crate::engine::{load_plan, Plan, Runtime, SetArg, Store};
+
+#[derive(Parser)]
+#[command(name = "rredcot", version, about = "Content-addressed pipelines for RL credit assignment on reasoning LMs")]
+struct Cli {
+    /// Artifact store directory [env: RREDCOT_STORE] [default: .rredcot/store]
+    #[arg(long, global = true)]
+    store: Option<PathBuf>,
+    /// More output (cached instances, reasons).
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run, inspect and explain pipelines.
+    #[command(subcommand)]
+    Pipeline(PipelineCmd),
+    /// Run single stage instances (what cluster jobs run).
+    #[command(subcommand)]
+    Stage(StageCmd),
+    /// Inspect, verify and collect artifacts in the store.
+    #[command(subcommand)]
+    Artifact(ArtifactCmd),
+}
+
+#[derive(clap::Args, Clone)]
+struct PlanArgs {
+    /// Pipeline file (TOML).
+    pipeline: PathBuf,
+    /// Override a param: `stage.param=value` (stage, chain.stage or chain.stage[i]); `chain.repeat=N`.
+    #[arg(long = "set", value_name = "STAGE.PARAM=VALUE")]
+    sets: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExecutorKind {
+    Local,
+    Slurm,
+}
+
+#[derive(Subcommand)]
+enum PipelineCmd {
+    /// Run a pipeline: cached instances are reused, the rest run.
+    Run {
+        #[command(flatten)]
+        plan: PlanArgs,
+        /// Run only this stage and what it depends on (repeatable).
+        #[arg(long)]
+        until: Vec<String>,
+        /// Rerun this stage even if cached (repeatable).
+        #[arg(long)]
+        force: Vec<String>,
+        /// Print what would run and why, run nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, value_enum, default_value = "local")]
+        executor: ExecutorKind,
+        /// Parallel CPU slots (a stage takes `resources.cpus` of them); with `--executor slurm`, the
+        /// CPUs of all submitted jobs together [default: local CPUs; 1000 with slurm].
+        #[arg(short = 'j', long)]
+        jobs: Option<usize>,
+        /// Slurm profile (TOML: partition, account, qos, extra_args, ...) for `--executor slurm`
+        /// [env: RREDCOT_SLURM_PROFILE].
+        #[arg(long, value_name = "FILE")]
+        profile: Option<PathBuf>,
+        /// Keep running independent stages after a failure.
+        #[arg(long)]
+        keep_going: bool,
+        /// Print the run summary as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Which instances are cached, stale or missing, and why.
+    Status {
+        #[command(flatten)]
+        plan: PlanArgs,
+    },
+    /// Print the DAG as text or Graphviz DOT.
+    Dag {
+        #[command(flatten)]
+        plan: PlanArgs,
+        #[arg(long, default_value = "text")]
+        format: String,
+    },
+    /// Everything about one stage instance: kind, params and where they come from, inputs, key.
+    Explain {
+        #[command(flatten)]
+        plan: PlanArgs,
+        /// Stage or instance name.
+        stage: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum StageCmd {
+    /// Run one planned instance by key and commit it (idempotent).
+    Exec {
+        key: String,
+        /// Recompute even if committed (the old instance is quarantined, not deleted).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ArtifactCmd {
+    /// Show an instance's run record and the schema and first rows of its outputs.
+    Show {
+        /// Instance key (or unique prefix), or a path to a Parquet file.
+        what: String,
+        #[arg(long, default_value_t = 5)]
+        rows: usize,
+    },
+    /// Re-hash every committed instance and report corrupt ones.
+    Verify {
+        /// Move corrupt instances to quarantine so the next run recomputes them.
+        #[arg(long)]
+        fix: bool,
+    },
+    /// Remove instances that none of the given pipelines references.
+    Gc {
+        /// Pipelines whose current instances are kept.
+        #[arg(required = true)]
+        pipelines: Vec<PathBuf>,
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Entry point; returns the process exit code.
+pub fn main(rt: &Runtime) -> i32 {
+    let cli = Cli::parse();
+    let filter = if cli.verbose { "info" } else { "warn" };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RREDCOT_LOG").unwrap_or_else(|_| filter.into()))
+        .with_writer(std::io::stderr)
+        .try_init();
+    match dispatch(cli, rt) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+fn store_root(cli_store: &Option<PathBuf>) -> PathBuf {
+    cli_store
+        .clone()
+        .or_else(|| std::env::var_os("RREDCOT_STORE").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(".rredcot/store"))
+}
+
+fn load(args: &PlanArgs, rt: &Runtime) -> Result<Plan> {
+    let sets = args.sets.iter().map(|s| SetArg::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    Ok(load_plan(&args.pipeline, &sets, rt.builtins)?)
+}
+
+fn dispatch(cli: Cli, rt: &Runtime) -> Result<i32> {
+    let root = store_root(&cli.store);
+    match cli.cmd {
+        Cmd::Pipeline(PipelineCmd::Run { plan, until, force, dry_run, executor, jobs, profile, keep_going, json }) => {
+            let p = load(&plan, rt)?;
+            let store = Store::open(&root)?;
+            let slurm = matches!(executor, ExecutorKind::Slurm);
+            if profile.is_some() && !slurm {
+                bail!("--profile is for --executor slurm");
+            }
+            let profile = profile.or_else(|| std::env::var_os("RREDCOT_SLURM_PROFILE").filter(|v| !v.is_empty()).map(PathBuf::from));
+            // On Slurm, GPUs are requested per job (--gres); no local device slots.
+            let gpus = if slurm { 0 } else { detect_gpus() };
+            let default_jobs = if slurm { 1000 } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) };
+            let opts = RunOptions {
+                jobs: jobs.unwrap_or(default_jobs),
+                until,
+                force,
+                dry_run,
+                keep_going,
+                gpus,
+                verbose: cli.verbose,
+            };
+            let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst));
+            let mut exec: Box<dyn crate::engine::runner::Executor> = match executor {
+                ExecutorKind::Local => Box::new(LocalExecutor::new(store.clone(), self_exe(), gpus > 0)),
+                ExecutorKind::Slurm if dry_run => Box::new(LocalExecutor::new(store.clone(), self_exe(), false)),
+                ExecutorKind::Slurm => {
+                    let prof = match &profile {
+                        Some(f) => SlurmProfile::load(f)?,
+                        None => SlurmProfile::default(),
+                    };
+                    Box::new(SlurmExecutor::new(&store, self_exe(), prof)?)
+                }
+            };
+            let summary = run_pipeline(&p, &store, &opts, exec.as_mut())?;
+            if dry_run {
+                for (name, why) in &summary.would_run {
+                    println!("would run  {name}: {}", why.join("; "));
+                }
+                println!("dry run: {} would run, {} cached", summary.would_run.len(), summary.cached.len());
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            }
+            let counters = summary.counters.iter().map(|(k, v)| format!(" {k}={v}")).collect::<String>();
+            eprintln!(
+                "pipeline {}: {} ran, {} cached, {} failed, {} not run in {:.2}s{}",
+                p.name,
+                summary.ran.len(),
+                summary.cached.len(),
+                summary.failed.len(),
+                summary.not_run.len(),
+                summary.wall_s,
+                counters
+            );
+            Ok(if summary.interrupted {
+                130
+            } else if !summary.failed.is_empty() {
+                1
+            } else {
+                0
+            })
+        }
+        Cmd::Pipeline(PipelineCmd::Status { plan }) => {
+            let p = load(&plan, rt)?;
+            status(&p, &root)?;
+            Ok(0)
+        }
+        Cmd::Pipeline(PipelineCmd::Dag { plan, format }) => {
+            let p = load(&plan, rt)?;
+            match format.as_str() {
+                "text" => print!("{}", dag_text(&p)),
+                "dot" => print!("{}", dag_dot(&p)),
+                other => bail!("unknown format `{other}` (text, dot)"),
+            }
+            Ok(0)
+        }
+        Cmd::Pipeline(PipelineCmd::Explain { plan, stage }) => {
+            let p = load(&plan, rt)?;
+            explain(&p, &root, &stage)?;
+            Ok(0)
+        }
+        Cmd::Stage(StageCmd::Exec { key, force }) => {
+            let store = Store::open(&root)?;
+            match exec_instance(&store, &key, rt, force)? {
+                ExecOutcome::Ran(rec) => {
+                    eprintln!("committed {} ({}) in {:.2}s", rec.stage, short(&rec.key), rec.wall_s);
+                    Ok(0)
+                }
+                ExecOutcome::AlreadyDone(rec) => {
+                    eprintln!("{} ({}) is already committed", rec.stage, short(&rec.key));
+                    Ok(0)
+                }
+                ExecOutcome::NeedsWorker => {
+                    let w = worker_exe().context("this stage needs `rredcot-worker` (build with --features ml) next to rredcot")?;
+                    use std::os::unix::process::CommandExt;
+                    let err = std::process::Command::new(&w).args(std::env::args_os().skip(1)).exec();
+                    bail!("cannot exec {}: {err}", w.display())
+                }
+            }
+        }
+        Cmd::Artifact(ArtifactCmd::Show { what, rows }) => {
+            show(&root, &what, rows)?;
+            Ok(0)
+        }
+        Cmd::Artifact(ArtifactCmd::Verify { fix }) => {
+            let store = Store::existing(&root)?;
+            let mut bad = 0;
+            let keys = store.instance_keys()?;
+            for key in &keys {
+                let problem = match store.record(key) {
+                    None => Some("no readable run.json (incomplete)".to_string()),
+                    Some(rec) => store.verify(&rec).err(),
+                };
+                if let Some(why) = problem {
+                    bad += 1;
+                    println!("CORRUPT {} {why}", short(key));
+                    if fix {
+                        let dest = store.quarantine(key, &why)?;
+                        println!("  moved to {}", dest.display());
+                    }
+                }
+            }
+            println!("verified {} instances: {} ok, {bad} corrupt", keys.len(), keys.len() - bad);
+            Ok(if bad > 0 { 1 } else { 0 })
+        }
+        Cmd::Artifact(ArtifactCmd::Gc { pipelines, dry_run }) => {
+            let store = Store::existing(&root)?;
+            let mut keep = std::collections::HashSet::new();
+            for p in &pipelines {
+                let plan = load_plan(p, &[], rt.builtins)?;
+                keep.extend(referenced_keys(&plan, &store)?);
+            }
+            let mut removed = 0;
+            for key in store.instance_keys()? {
+                if keep.contains(&key) {
+                    continue;
+                }
+                removed += 1;
+                println!("{} {}", if dry_run { "would remove" } else { "remove" }, short(&key));
+                if !dry_run {
+                    let _lock = store.lock(&key)?;
+                    std::fs::remove_dir_all(store.instance_dir(&key)).with_context(|| format!("removing instance {key}"))?;
+                    let _ = std::fs::remove_file(store.spec_path(&key));
+                    let _ = std::fs::remove_file(store.log_path(&key));
+                }
+            }
+            println!("gc: kept {}, {} {removed}", keep.len(), if dry_run { "would remove" } else { "removed" });
+            Ok(0)
+        }
+    }
+}
+
+fn status(p: &Plan, root: &Path) -> Result<()> {
+    let store = Store::open(root)?;
+    let refs = store.read_refs(&p.name);
+    let mut resolver = Resolver::new(p);
+    let mut done = vec![None; p.nodes.len()];
+    let mut counts = BTreeMap::new();
+    for &i in &p.order {
+        let node = &p.nodes[i];
+        let ups = resolver.upstream(i);
+        let (state, why) = if let Some(&u) = ups.iter().find(|&&u| done[u].is_none()) {
+            let state = if refs.contains_key(&node.name) { "stale" } else { "missing" };
+            (state, format!("upstream `{}` is not up to date", p.nodes[u].name))
+        } else {
+            let spec = resolver.spec(i, &done)?;
+            match store.record(&spec.key) {
+                Some(rec) if store.quick_check(&rec).is_ok() => {
+                    done[i] = Some(std::sync::Arc::new(rec));
+                    ("cached", short(&spec.key).to_string())
+                }
+                other => {
+                    let why = why_not_cached(&store, &refs, &spec).join("; ");
+                    let state = if other.is_some() || refs.contains_key(&node.name) { "stale" } else { "missing" };
+                    (state, why)
+                }
+            }
+        };
+        *counts.entry(state).or_insert(0) += 1;
+        println!("{state:8} {:28} {why}", node.name);
+    }
+    let parts: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    println!("{}: {}", p.name, parts.join(", "));
+    Ok(())
+}
+
+fn input_label(p: &Plan, r: &InputRef) -> String {
+    match r {
+        InputRef::Output { node, output } => format!("{}.{}", p.nodes[*node].name, output),
+        InputRef::File { path } => format!("file:{}", path.display()),
+    }
+}
+
+fn dag_text(p: &Plan) -> String {
+    let mut s = String::new();
+    for &i in &p.order {
+        let n = &p.nodes[i];
+        let ins: Vec<String> = n.inputs.iter().map(|(k, r)| format!("{k} <- {}", input_label(p, r))).collect();
+        s.push_str(&format!("{} [{}]", n.name, n.kind.name));
+        if !ins.is_empty() {
+            s.push_str(&format!("  ({})", ins.join(", ")));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn dag_dot(p: &Plan) -> String {
+    let mut s = format!("digraph \"{}\" {{\n  rankdir=LR;\n", p.name);
+    for n in &p.nodes {
+        s.push_str(&format!("  \"{}\" [shape=box, label=\"{}\\n({})\"];\n", n.name, n.name, n.kind.name));
+    }
+    for n in &p.nodes {
+        for (k, r) in &n.inputs {
+            match r {
+                InputRef::Output { node, output } => {
+                    s.push_str(&format!("  \"{}\" -> \"{}\" [label=\"{output}→{k}\"];\n", p.nodes[*node].name, n.name))
+                }
+                InputRef::File { path } => {
+                    s.push_str(&format!("  \"{}\" [shape=note];\n  \"{}\" -> \"{}\" [label=\"{k}\"];\n", path.display(), path.display(), n.name))
+                }
+            }
+        }
+    }
+    s.push_str("}\n");
+    s
+}
+
+fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
+    let idx = p.matching(stage);
+    if idx.is_empty() {
+        bail!("no stage or instance `{stage}` in {}", p.file.display());
+    }
+    let store = Store::open(root)?;
+    let refs = store.read_refs(&p.name);
+    let mut resolver = Resolver::new(p);
+    let mut done = vec![None; p.nodes.len()];
+    for &i in &p.order {
+        let ups = resolver.upstream(i);
+        let spec = if ups.iter().all(|&u| done[u].is_some()) { Some(resolver.spec(i, &done)?) } else { None };
+        if let Some(s) = &spec {
+            done[i] = store.record(&s.key).filter(|r| store.quick_check(r).is_ok()).map(std::sync::Arc::new);
+        }
+        if !idx.contains(&i) {
+            continue;
+        }
+        let n = &p.nodes[i];
+        println!("instance   {}", n.name);
+        println!("kind       {} ({})", n.kind.name, n.kind.file.display());
+        if !n.kind.description.is_empty() {
+            println!("           {}", n.kind.description);
+        }
+        println!("code       {}", n.kind.code_version);
+        match &n.kind.runner {
+            crate::engine::plan::Runner::Builtin { name, needs_ml } => {
+                println!("runs       builtin `{name}`{}", if *needs_ml { " (ML worker)" } else { "" })
+            }
+            crate::engine::plan::Runner::External { command, script, .. } => {
+                println!("runs       {command:?}{}", script.as_ref().map(|s| format!(" (script {})", s.display())).unwrap_or_default())
+            }
+        }
+        println!("resources  cpus={} gpus={} mem={}", n.kind.resources.cpus, n.kind.resources.gpus, n.kind.resources.mem.clone().unwrap_or("-".into()));
+        println!("params");
+        for (k, v) in &n.params {
+            let src = match n.param_sources.get(k) {
+                Some(ParamSource::Default) => "default",
+                Some(ParamSource::Pipeline) => "pipeline",
+                Some(ParamSource::SetArg) => "--set",
+                None => "?",
+            };
+            println!("  {k} = {v}  ({src})");
+        }
+        println!("inputs");
+        for (k, r) in &n.inputs {
+            let schema = n.kind.inputs.get(k).map(|s| s.name()).unwrap_or("?");
+            let hash = spec.as_ref().and_then(|s| s.inputs.get(k)).map(|i| short(&i.hash).to_string()).unwrap_or("(not computed yet)".into());
+            println!("  {k} ({schema}) <- {}  hash {hash}", input_label(p, r));
+        }
+        println!("outputs");
+        for (k, s) in &n.kind.outputs {
+            println!("  {k} ({s})");
+        }
+        match &spec {
+            Some(s) => {
+                let state = if done[i].is_some() { "cached".to_string() } else { format!("not cached: {}", why_not_cached(&store, &refs, s).join("; ")) };
+                println!("key        {}", s.key);
+                println!("status     {state}");
+                if done[i].is_some() {
+                    println!("outputs at {}", store.outputs_dir(&s.key).display());
+                }
+            }
+            None => println!("key        (depends on upstream outputs that are not computed yet)"),
+        }
+        println!();
+    }
+    Ok(())
+}
+
+fn show(root: &Path, what: &str, rows: usize) -> Result<()> {
+    let path = PathBuf::from(what);
+    if path.is_file() {
+        return show_parquet(&path, rows);
+    }
+    let store = Store::existing(root)?;
+    let matches: Vec<String> = store.instance_keys()?.into_iter().filter(|k| k.starts_with(what)).collect();
+    let key = match matches.as_slice() {
+        [k] => k.clone(),
+        [] => bail!("no instance with key prefix `{what}` in {} (and no such file)", root.display()),
+        many => bail!("key prefix `{what}` is ambiguous ({} instances)", many.len()),
+    };
+    let rec = store.record(&key).with_context(|| format!("instance {key} has no run record (incomplete)"))?;
+    println!("instance {} [{}] key {}", rec.stage, rec.kind, rec.key);
+    println!("pipeline {}  ran {} on {} in {:.2}s, peak RSS {:.0} MB", rec.pipeline, rec.start, rec.host, rec.wall_s, rec.peak_rss_mb);
+    println!("params   {}", serde_json::Value::Object(rec.params.clone()));
+    if !rec.counters.is_empty() {
+        println!("counters {:?}", rec.counters);
+    }
+    for (name, o) in &rec.outputs {
+        println!("\noutput `{name}` ({}) hash {}", o.schema, short(&o.hash));
+        let schema = Schema::parse(&o.schema).unwrap_or(Schema::Dir);
+        let p = schema.output_path(&store.outputs_dir(&key), name);
+        if schema.is_tabular() {
+            show_parquet(&p, rows)?;
+        } else {
+            for f in &o.files {
+                println!("  {} ({} bytes)", f.path, f.bytes);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn show_parquet(path: &Path, rows: usize) -> Result<()> {
+    let batch = crate::artifact::read_batches(path)?;
+    println!("{} rows; schema:", batch.num_rows());
+    for f in batch.schema().fields() {
+        println!("  {}: {}{}", f.name(), f.data_type(), if f.is_nullable() { " (nullable)" } else { "" });
+    }
+    let head = batch.slice(0, rows.min(batch.num_rows()));
+    println!("{}", arrow::util::pretty::pretty_format_batches(&[head])?);
+    Ok(())
+}

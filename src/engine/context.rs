@@ -1,0 +1,119 @@
+//! What a builtin stage function sees: its params, input and output paths, a progress reporter
+//! and counters that end up in the run record.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::artifact::Schema;
+
+/// A builtin stage: reads inputs, writes every declared output.
+pub type BuiltinFn = fn(&mut StageContext) -> anyhow::Result<()>;
+
+/// Prefix of the progress lines a stage prints on stdout; the runner turns them into bars.
+pub const PROGRESS_PREFIX: &str = "@@progress ";
+
+pub struct StageContext {
+    pub instance: String,
+    pub key: String,
+    pub params: Map<String, Value>,
+    pub inputs: BTreeMap<String, (Schema, PathBuf)>,
+    pub outputs: BTreeMap<String, (Schema, PathBuf)>,
+    /// Scratch space inside the instance's temp dir (not part of the artifact).
+    pub scratch: PathBuf,
+    pub counters: BTreeMap<String, i64>,
+    pub metrics: Map<String, Value>,
+}
+
+impl StageContext {
+    pub fn param<T: DeserializeOwned>(&self, name: &str) -> anyhow::Result<T> {
+        let v = self.params.get(name).ok_or_else(|| anyhow!("stage `{}`: missing param `{name}`", self.instance))?;
+        serde_json::from_value(v.clone()).with_context(|| format!("stage `{}`: param `{name}` = {v}", self.instance))
+    }
+
+    pub fn input(&self, name: &str) -> anyhow::Result<&Path> {
+        self.inputs.get(name).map(|(_, p)| p.as_path()).ok_or_else(|| anyhow!("stage `{}`: no input `{name}`", self.instance))
+    }
+
+    pub fn output(&self, name: &str) -> anyhow::Result<&Path> {
+        self.outputs.get(name).map(|(_, p)| p.as_path()).ok_or_else(|| anyhow!("stage `{}`: no output `{name}`", self.instance))
+    }
+
+    pub fn count(&mut self, name: &str, n: i64) {
+        *self.counters.entry(name.to_string()).or_insert(0) += n;
+    }
+
+    pub fn metric(&mut self, name: &str, v: impl Into<Value>) {
+        self.metrics.insert(name.to_string(), v.into());
+    }
+
+    pub fn progress(&self, len: u64, message: &str) -> Progress {
+        Progress::new(len, message)
+    }
+}
+
+/// Progress reporting over stdout, throttled to a few lines per second.
+pub struct Progress {
+    pos: u64,
+    len: u64,
+    message: String,
+    last: Option<Instant>,
+}
+
+impl Progress {
+    pub fn new(len: u64, message: &str) -> Progress {
+        let mut p = Progress { pos: 0, len, message: message.to_string(), last: None };
+        p.emit(true);
+        p
+    }
+
+    pub fn inc(&mut self, n: u64) {
+        self.pos += n;
+        self.emit(false);
+    }
+
+    pub fn set(&mut self, pos: u64, message: &str) {
+        self.pos = pos;
+        self.message = message.to_string();
+        self.emit(false);
+    }
+
+    pub fn finish(&mut self) {
+        self.pos = self.len;
+        self.emit(true);
+    }
+
+    fn emit(&mut self, force: bool) {
+        let due = self.last.map(|t| t.elapsed() >= Duration::from_millis(200)).unwrap_or(true);
+        if force || due || self.pos == self.len {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{PROGRESS_PREFIX}{} {} {}", self.pos, self.len, self.message);
+            let _ = out.flush();
+            self.last = Some(Instant::now());
+        }
+    }
+}
+
+/// Parse a progress line: (pos, len, message).
+pub fn parse_progress(line: &str) -> Option<(u64, u64, String)> {
+    let rest = line.strip_prefix(PROGRESS_PREFIX)?;
+    let mut it = rest.splitn(3, ' ');
+    let pos = it.next()?.parse().ok()?;
+    let len = it.next()?.parse().ok()?;
+    Some((pos, len, it.next().unwrap_or("").to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn progress_lines_parse() {
+        assert_eq!(super::parse_progress("@@progress 3 10 tokens/s 12"), Some((3, 10, "tokens/s 12".into())));
+        assert_eq!(super::parse_progress("hello"), None);
+        assert_eq!(super::parse_progress("@@progress x 10"), None);
+    }
+}

@@ -1,0 +1,137 @@
+//! Stage-kind files (`stages/*.toml`) and pipeline files (`pipelines/*.toml`), as written by users.
+//!
+//! A stage kind reads like a recipe card: what it runs (a builtin or a command), its inputs and
+//! outputs with their artifact schema, default params and resources. A pipeline instantiates kinds,
+//! wires outputs to inputs and may unroll a chain of stages N times.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{EngineError, IoContext, Result};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageKindFile {
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    /// Name of a builtin Rust stage function.
+    pub builtin: Option<String>,
+    /// External command: an argv list (no shell) or one string run with `sh -c`.
+    /// Placeholders: `{io}` (path of the JSON with inputs/outputs/params), `{script}`.
+    pub command: Option<Command>,
+    /// Script the command runs, relative to the stage file; its bytes enter the cache key.
+    pub script: Option<PathBuf>,
+    /// Code-version string: bump it when the stage's behaviour changes.
+    #[serde(default = "default_version")]
+    pub version: String,
+    #[serde(default)]
+    pub inputs: BTreeMap<String, String>,
+    #[serde(default)]
+    pub outputs: BTreeMap<String, String>,
+    #[serde(default)]
+    pub params: toml::Table,
+    #[serde(default)]
+    pub resources: Resources,
+}
+
+fn default_version() -> String {
+    "1".to_string()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Command {
+    Argv(Vec<String>),
+    Shell(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default = "one")]
+    pub cpus: u32,
+    /// GPUs the stage uses when the machine has them (on a CPU-only machine it runs on CPU).
+    #[serde(default)]
+    pub gpus: u32,
+    /// Memory request, e.g. "4G" (passed to Slurm; informational locally).
+    #[serde(default)]
+    pub mem: Option<String>,
+    /// Wall-time limit, e.g. "02:00:00" (Slurm).
+    #[serde(default)]
+    pub time: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources { cpus: 1, gpus: 0, mem: None, time: None }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineFile {
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    /// Directories searched for stage-kind files, relative to the pipeline file.
+    #[serde(default)]
+    pub stage_dirs: Vec<PathBuf>,
+    #[serde(default)]
+    pub stage: Vec<StageUse>,
+    #[serde(default)]
+    pub chain: Vec<ChainDef>,
+}
+
+/// One use of a stage kind in a pipeline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageUse {
+    pub name: String,
+    /// Stage kind (file `stages/<uses>.toml`); defaults to `name`.
+    pub uses: Option<String>,
+    /// input name -> `stage.output`, `chain.stage[i].output`, or `file:relative/path`.
+    #[serde(default)]
+    pub inputs: BTreeMap<String, String>,
+    #[serde(default)]
+    pub params: toml::Table,
+}
+
+/// A chain of stages unrolled `repeat` times into instances `chain.stage[0..repeat]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainDef {
+    pub name: String,
+    pub repeat: usize,
+    /// For steps i > 0: `"stage.input" = "stage.output"` wires an input to step i-1's output.
+    #[serde(default)]
+    pub carry: BTreeMap<String, String>,
+    pub stage: Vec<StageUse>,
+}
+
+/// Parse a TOML file into `T`; errors carry the file path and toml's line/column report.
+pub fn parse_toml_file<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).at(path)?;
+    toml::from_str(&text).map_err(|e| EngineError::Parse { path: path.to_path_buf(), message: describe_toml_error(&text, &e) })
+}
+
+/// toml's message plus an explicit "line L, column C" computed from the error span.
+fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim().to_string();
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+            let src = text.lines().nth(line - 1).unwrap_or("");
+            format!("line {line}, column {col}: {msg}\n  | {src}")
+        }
+        None => msg,
+    }
+}

@@ -1,0 +1,52 @@
+//! Engine errors: every variant names the file, stage or instance it is about.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+
+    #[error("{path}: stage `{stage}` uses unknown stage kind `{kind}` (looked in {searched}; known kinds: {known})")]
+    UnknownKind { path: PathBuf, stage: String, kind: String, searched: String, known: String },
+
+    #[error("{path}: stage kind `{kind}` names builtin `{builtin}`, which this build does not have (known builtins: {known})")]
+    UnknownBuiltin { path: PathBuf, kind: String, builtin: String, known: String },
+
+    #[error("{path}: stage `{stage}`: {message}")]
+    Wiring { path: PathBuf, stage: String, message: String },
+
+    #[error("{path}: stage `{stage}` param `{param}`: {message}")]
+    Param { path: PathBuf, stage: String, param: String, message: String },
+
+    #[error("{path}: the pipeline has a cycle: {cycle}")]
+    Cycle { path: PathBuf, cycle: String },
+
+    #[error("--set {arg}: {message}")]
+    SetArg { arg: String, message: String },
+
+    #[error("no stage or instance `{0}` in the pipeline")]
+    NoSuchStage(String),
+
+    #[error("store {path}: {message}")]
+    Store { path: PathBuf, message: String },
+
+    #[error("instance {key} ({stage}): {message}")]
+    Instance { key: String, stage: String, message: String },
+
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Attach a path to an `io::Error`.
+pub trait IoContext<T> {
+    fn at(self, path: impl Into<PathBuf>) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn at(self, path: impl Into<PathBuf>) -> Result<T> {
+        self.map_err(|source| EngineError::Io { path: path.into(), source })
+    }
+}

@@ -1,0 +1,317 @@
+//! `stage exec KEY`: run one planned instance and commit it.
+//!
+//! Re-entrant and safe to run twice at once: the instance lock serialises writers, a finished
+//! instance is never redone, and output becomes visible only through the atomic commit.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command as Proc, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use serde_json::{json, Map, Value};
+
+use super::context::{BuiltinFn, StageContext};
+use super::defs::Command;
+use super::error::{EngineError, IoContext, Result};
+use super::plan::BuiltinInfo;
+use super::record::RunRecord;
+use super::spec::{short, InputSource, InstanceSpec, RunnerSpec};
+use super::store::{hash_output, Store};
+use crate::artifact::{validate_output, Schema};
+
+/// What this binary can run in-process.
+pub struct Runtime {
+    pub builtins: &'static [BuiltinInfo],
+    pub resolve: fn(&str) -> Option<BuiltinFn>,
+}
+
+pub enum ExecOutcome {
+    Ran(Box<RunRecord>),
+    AlreadyDone(Box<RunRecord>),
+    /// The builtin needs the ML worker binary (this one does not link libtorch).
+    NeedsWorker,
+}
+
+pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Result<ExecOutcome> {
+    let spec = store.read_spec(key)?;
+    let fail = |m: String| EngineError::Instance { key: short(key).to_string(), stage: spec.instance.clone(), message: m };
+    if spec.compute_key() != key {
+        return Err(fail("spec does not hash to its key (edited by hand?)".into()));
+    }
+    let builtin = match &spec.runner {
+        RunnerSpec::Builtin { name, needs_ml } => match (rt.resolve)(name) {
+            Some(f) => Some(f),
+            None if *needs_ml => return Ok(ExecOutcome::NeedsWorker),
+            None => return Err(fail(format!("builtin `{name}` is not in this build"))),
+        },
+        RunnerSpec::External { .. } => None,
+    };
+
+    let _lock = match store.try_lock(key)? {
+        Some(l) => l,
+        None => {
+            eprintln!("instance {} ({}) is being written by another process; waiting", short(key), spec.instance);
+            store.lock(key)?
+        }
+    };
+    if let Some(rec) = store.record(key).filter(|_| !force) {
+        if store.quick_check(&rec).is_ok() {
+            return Ok(ExecOutcome::AlreadyDone(Box::new(rec)));
+        }
+    }
+
+    // Inputs must be committed and unchanged since planning.
+    let mut inputs = BTreeMap::new();
+    for (name, inp) in &spec.inputs {
+        let schema = Schema::parse(&inp.schema).ok_or_else(|| fail(format!("input `{name}`: unknown schema {}", inp.schema)))?;
+        let path = match &inp.source {
+            InputSource::Instance { key: up, stage, output } => {
+                let rec = store.record(up).ok_or_else(|| fail(format!("input `{name}`: upstream {stage} ({}) is not committed", short(up))))?;
+                let out = rec.outputs.get(output).ok_or_else(|| fail(format!("input `{name}`: upstream {stage} has no output `{output}`")))?;
+                if out.hash != inp.hash {
+                    return Err(fail(format!("input `{name}`: upstream {stage} output `{output}` changed since planning")));
+                }
+                let up_schema = Schema::parse(&out.schema).unwrap_or(schema);
+                up_schema.output_path(&store.outputs_dir(up), output)
+            }
+            InputSource::File { path } => {
+                let h = super::store::hash_source(path)?;
+                if h != inp.hash {
+                    return Err(fail(format!("input `{name}`: {} changed since planning", path.display())));
+                }
+                path.clone()
+            }
+        };
+        inputs.insert(name.clone(), (schema, path));
+    }
+
+    let tmp = store.fresh_tmp(key)?;
+    let outputs_dir = tmp.join("outputs");
+    let scratch = tmp.join("scratch");
+    std::fs::create_dir_all(&scratch).at(&scratch)?;
+    let mut outputs = BTreeMap::new();
+    for (name, s) in &spec.outputs {
+        let schema = Schema::parse(s).ok_or_else(|| fail(format!("output `{name}`: unknown schema {s}")))?;
+        let p = schema.output_path(&outputs_dir, name);
+        if schema.is_dir() {
+            std::fs::create_dir_all(&p).at(&p)?;
+        }
+        outputs.insert(name.clone(), (schema, p));
+    }
+
+    let start = SystemTime::now();
+    let t0 = Instant::now();
+    let mut ctx = StageContext {
+        instance: spec.instance.clone(),
+        key: key.to_string(),
+        params: spec.params.clone(),
+        inputs,
+        outputs,
+        scratch: scratch.clone(),
+        counters: BTreeMap::new(),
+        metrics: Map::new(),
+    };
+    let result = match builtin {
+        Some(f) => run_builtin(f, &mut ctx),
+        None => run_external(&spec, &mut ctx, &tmp),
+    };
+    if let Err(m) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(fail(m));
+    }
+
+    // Validate and hash every declared output; the scratch dir is not part of the artifact.
+    let _ = std::fs::remove_dir_all(&scratch);
+    let mut out_recs = BTreeMap::new();
+    for (name, (schema, path)) in &ctx.outputs {
+        if let Err(e) = validate_output(*schema, path) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(fail(format!("output `{name}` does not match schema `{schema}`: {e}")));
+        }
+        out_recs.insert(name.clone(), hash_output(&outputs_dir, path, schema.name())?);
+    }
+    let rec = RunRecord {
+        key: key.to_string(),
+        stage: spec.instance.clone(),
+        kind: spec.kind.clone(),
+        pipeline: spec.pipeline.clone(),
+        code_version: spec.code_version.clone(),
+        inputs: spec.inputs.clone(),
+        params: spec.params.clone(),
+        outputs: out_recs,
+        start: humantime::format_rfc3339_millis(start).to_string(),
+        end: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        wall_s: t0.elapsed().as_secs_f64(),
+        peak_rss_mb: peak_rss_mb(),
+        host: hostname(),
+        git_rev: spec.git_rev.clone(),
+        versions: versions(),
+        counters: ctx.counters.clone(),
+        metrics: ctx.metrics.clone(),
+    };
+    store.commit(&tmp, &rec)?;
+    Ok(ExecOutcome::Ran(Box::new(rec)))
+}
+
+fn run_builtin(f: BuiltinFn, ctx: &mut StageContext) -> std::result::Result<(), String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(ctx))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(p) => {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+            Err(format!("stage panicked: {msg}"))
+        }
+    }
+}
+
+/// Substitute `{io}`, `{script}`, `{inputs.X}`, `{outputs.X}`, `{params.X}` in a command word.
+fn substitute(word: &str, io: &Path, script: Option<&Path>, ctx: &StageContext) -> String {
+    let mut s = word.replace("{io}", &io.to_string_lossy());
+    if let Some(sc) = script {
+        s = s.replace("{script}", &sc.to_string_lossy());
+    }
+    for (n, (_, p)) in &ctx.inputs {
+        s = s.replace(&format!("{{inputs.{n}}}"), &p.to_string_lossy());
+    }
+    for (n, (_, p)) in &ctx.outputs {
+        s = s.replace(&format!("{{outputs.{n}}}"), &p.to_string_lossy());
+    }
+    for (n, v) in &ctx.params {
+        let text = match v {
+            Value::String(t) => t.clone(),
+            other => other.to_string(),
+        };
+        s = s.replace(&format!("{{params.{n}}}"), &text);
+    }
+    s
+}
+
+fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std::result::Result<(), String> {
+    let RunnerSpec::External { command, script, workdir, .. } = &spec.runner else { unreachable!("external runner") };
+    let io_path = tmp.join("io.json");
+    let counters_path = tmp.join("counters.json");
+    let io = json!({
+        "instance": spec.instance,
+        "key": spec.key,
+        "params": Value::Object(spec.params.clone()),
+        "inputs": ctx.inputs.iter().map(|(n, (s, p))| (n.clone(), json!({"path": p, "schema": s.name()}))).collect::<Map<_, _>>(),
+        "outputs": ctx.outputs.iter().map(|(n, (s, p))| (n.clone(), json!({"path": p, "schema": s.name()}))).collect::<Map<_, _>>(),
+        "counters": counters_path,
+        "scratch": ctx.scratch,
+    });
+    std::fs::write(&io_path, serde_json::to_vec_pretty(&io).expect("json")).map_err(|e| format!("{}: {e}", io_path.display()))?;
+    let script = script.as_deref();
+    let mut cmd = match command {
+        Command::Argv(argv) if !argv.is_empty() => {
+            let words: Vec<String> = argv.iter().map(|w| substitute(w, &io_path, script, ctx)).collect();
+            let mut c = Proc::new(&words[0]);
+            c.args(&words[1..]);
+            c
+        }
+        Command::Argv(_) => return Err("empty command".into()),
+        Command::Shell(s) => {
+            let mut c = Proc::new("sh");
+            c.arg("-c").arg(substitute(s, &io_path, script, ctx));
+            c
+        }
+    };
+    cmd.current_dir(workdir)
+        .env("RREDCOT_IO", &io_path)
+        .env("RREDCOT_KEY", &spec.key)
+        .env("RREDCOT_INSTANCE", &spec.instance)
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped());
+    die_with_parent(&mut cmd);
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start external command {command:?} in {}: {e}", workdir.display()))?;
+    let tail = Arc::new(Mutex::new(VecDeque::<String>::new()));
+    let stderr = child.stderr.take().expect("piped");
+    let t = {
+        let tail = tail.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                eprintln!("{line}");
+                let mut t = tail.lock().expect("tail");
+                t.push_back(line);
+                if t.len() > 20 {
+                    t.pop_front();
+                }
+            }
+        })
+    };
+    let status = child.wait().map_err(|e| format!("waiting for external command: {e}"))?;
+    let _ = t.join();
+    if !status.success() {
+        let tail = tail.lock().expect("tail").iter().cloned().collect::<Vec<_>>().join("\n");
+        return Err(format!("external command {command:?} failed ({status}); last lines of its stderr:\n{tail}"));
+    }
+    if let Ok(text) = std::fs::read(&counters_path) {
+        let parsed: BTreeMap<String, Value> =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: counters must be a JSON object: {e}", counters_path.display()))?;
+        for (k, v) in parsed {
+            match v.as_i64() {
+                Some(i) => ctx.count(&k, i),
+                None => ctx.metric(&k, v),
+            }
+        }
+        let _ = std::fs::remove_file(&counters_path);
+    }
+    let _ = std::fs::remove_file(&io_path);
+    Ok(())
+}
+
+/// Children die with us (a killed run must not leave writers behind; their instances stay
+/// incomplete and are redone).
+pub fn die_with_parent(cmd: &mut Proc) {
+    // SAFETY: prctl is async-signal-safe and only affects the child being spawned.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+pub fn peak_rss_mb() -> f64 {
+    let mut max_kb = 0i64;
+    for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
+        // SAFETY: getrusage writes into the zeroed struct we pass.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(who, &mut ru) } == 0 {
+            max_kb = max_kb.max(ru.ru_maxrss);
+        }
+    }
+    max_kb as f64 / 1024.0
+}
+
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) } == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        return String::from_utf8_lossy(&buf[..end]).to_string();
+    }
+    "unknown".into()
+}
+
+/// rredcot's version and those of the dependencies that shape results (from Cargo.lock at build).
+pub fn versions() -> BTreeMap<String, String> {
+    let mut v = BTreeMap::new();
+    v.insert("rredcot".into(), env!("CARGO_PKG_VERSION").into());
+    for pair in env!("RREDCOT_DEP_VERSIONS").split(',').filter(|s| !s.is_empty()) {
+        if let Some((k, ver)) = pair.split_once('=') {
+            v.insert(k.into(), ver.into());
+        }
+    }
+    v
+}
+
+/// The worker binary next to the running executable.
+pub fn worker_exe() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let w = exe.with_file_name("rredcot-worker");
+    w.is_file().then_some(w)
+}

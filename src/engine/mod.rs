@@ -1,0 +1,25 @@
+//! The workflow engine: stage/pipeline files, cache keys, the content-addressed store, run
+//! records, locking and executors.
+//!
+//! The engine knows nothing of models or of what stages compute: builtin stage functions are
+//! handed to it as a `Runtime`, and everything else is an external command.
+
+pub mod context;
+pub mod defs;
+pub mod error;
+pub mod exec;
+pub mod hash;
+pub mod local;
+pub mod plan;
+pub mod record;
+pub mod resolve;
+pub mod runner;
+pub mod slurm;
+pub mod spec;
+pub mod store;
+
+pub use context::{BuiltinFn, Progress, StageContext};
+pub use error::{EngineError, Result};
+pub use exec::Runtime;
+pub use plan::{load_plan, BuiltinInfo, Plan, SetArg};
+pub use store::Store;

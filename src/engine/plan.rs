@@ -1,0 +1,574 @@
+//! From a pipeline file to a checked DAG of stage instances.
+//!
+//! Loading resolves stage kinds, unrolls chains into `chain.stage[i]` instances, applies
+//! `--set` overrides, type-checks params against the kind's defaults, wires inputs and rejects
+//! cycles (naming them). Nothing here touches the store: keys need upstream outputs and are
+//! computed by the runner.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use petgraph::algo::{tarjan_scc, toposort};
+use petgraph::graph::{DiGraph, NodeIndex};
+use serde_json::{Map, Value};
+
+use super::defs::{parse_toml_file, ChainDef, Command, PipelineFile, Resources, StageKindFile, StageUse};
+use super::error::{EngineError, Result};
+use crate::artifact::Schema;
+
+/// A builtin stage function known to this build (name and code version), without its code.
+#[derive(Debug, Clone, Copy)]
+pub struct BuiltinInfo {
+    pub name: &'static str,
+    pub version: &'static str,
+    /// Runs in the `rredcot-worker` binary (links libtorch).
+    pub needs_ml: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum Runner {
+    Builtin { name: String, needs_ml: bool },
+    External { command: Command, script: Option<PathBuf>, workdir: PathBuf },
+}
+
+#[derive(Debug, Clone)]
+pub struct StageKind {
+    pub name: String,
+    pub file: PathBuf,
+    pub description: String,
+    pub runner: Runner,
+    /// Code version entering the cache key (builtin version + the stage file's `version`).
+    pub code_version: String,
+    pub inputs: BTreeMap<String, Schema>,
+    pub outputs: BTreeMap<String, Schema>,
+    pub defaults: Map<String, Value>,
+    pub resources: Resources,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputRef {
+    Output { node: usize, output: String },
+    File { path: PathBuf },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamSource {
+    Default,
+    Pipeline,
+    SetArg,
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Instance name: `stage` or `chain.stage[i]`.
+    pub name: String,
+    /// `stage` or `chain.stage` (what `--set` and `--until` match besides the instance name).
+    pub base: String,
+    /// The stage's own name (without chain prefix and step).
+    pub stage: String,
+    pub step: Option<usize>,
+    pub kind: Arc<StageKind>,
+    pub params: Map<String, Value>,
+    pub param_sources: BTreeMap<String, ParamSource>,
+    pub inputs: BTreeMap<String, InputRef>,
+}
+
+#[derive(Debug)]
+pub struct Plan {
+    pub name: String,
+    pub file: PathBuf,
+    pub nodes: Vec<Node>,
+    pub graph: DiGraph<usize, ()>,
+    /// Node indices in a topological order.
+    pub order: Vec<usize>,
+}
+
+/// A parsed `--set target.param=value`.
+#[derive(Debug, Clone)]
+pub struct SetArg {
+    pub raw: String,
+    pub target: String,
+    pub param: String,
+    pub value: toml::Value,
+    pub text: String,
+}
+
+impl SetArg {
+    pub fn parse(raw: &str) -> Result<SetArg> {
+        let bad = |m: &str| EngineError::SetArg { arg: raw.to_string(), message: m.to_string() };
+        let (lhs, text) = raw.split_once('=').ok_or_else(|| bad("expected stage.param=value"))?;
+        let (target, param) = lhs.trim().rsplit_once('.').ok_or_else(|| bad("expected stage.param=value"))?;
+        if target.is_empty() || param.is_empty() {
+            return Err(bad("expected stage.param=value"));
+        }
+        let value = toml::from_str::<toml::Table>(&format!("v = {text}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(text.to_string()));
+        Ok(SetArg { raw: raw.to_string(), target: target.to_string(), param: param.to_string(), value, text: text.to_string() })
+    }
+}
+
+pub fn toml_to_json(v: &toml::Value) -> Value {
+    match v {
+        toml::Value::String(s) => Value::String(s.clone()),
+        toml::Value::Integer(i) => Value::from(*i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(*f).map(Value::Number).unwrap_or(Value::Null),
+        toml::Value::Boolean(b) => Value::Bool(*b),
+        toml::Value::Datetime(d) => Value::String(d.to_string()),
+        toml::Value::Array(a) => Value::Array(a.iter().map(toml_to_json).collect()),
+        toml::Value::Table(t) => Value::Object(t.iter().map(|(k, v)| (k.clone(), toml_to_json(v))).collect()),
+    }
+}
+
+fn type_name(v: &toml::Value) -> &'static str {
+    match v {
+        toml::Value::String(_) => "string",
+        toml::Value::Integer(_) => "integer",
+        toml::Value::Float(_) => "float",
+        toml::Value::Boolean(_) => "boolean",
+        toml::Value::Datetime(_) => "datetime",
+        toml::Value::Array(_) => "array",
+        toml::Value::Table(_) => "table",
+    }
+}
+
+/// Coerce `value` to the type of `default`, or explain why not.
+fn coerce(default: &toml::Value, value: &toml::Value, raw_text: Option<&str>) -> std::result::Result<toml::Value, String> {
+    use toml::Value as T;
+    match (default, value) {
+        (T::Float(_), T::Integer(i)) => Ok(T::Float(*i as f64)),
+        (T::String(_), v) if !matches!(v, T::String(_)) => match raw_text {
+            Some(text) => Ok(T::String(text.to_string())),
+            None => Err(format!("expected string, got {}", type_name(v))),
+        },
+        (d, v) if type_name(d) == type_name(v) => Ok(v.clone()),
+        (d, v) => Err(format!("expected {}, got {} `{}`", type_name(d), type_name(v), v)),
+    }
+}
+
+/// Load every stage kind file referenced by a pipeline.
+struct KindLoader<'a> {
+    dirs: Vec<PathBuf>,
+    builtins: &'a [BuiltinInfo],
+    cache: HashMap<String, Arc<StageKind>>,
+}
+
+impl KindLoader<'_> {
+    fn load(&mut self, pipeline_file: &Path, stage: &str, kind: &str) -> Result<Arc<StageKind>> {
+        if let Some(k) = self.cache.get(kind) {
+            return Ok(k.clone());
+        }
+        let Some(file) = self.dirs.iter().map(|d| d.join(format!("{kind}.toml"))).find(|p| p.is_file()) else {
+            let mut known: Vec<String> = self
+                .dirs
+                .iter()
+                .filter_map(|d| std::fs::read_dir(d).ok())
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.path().file_stem().map(|s| s.to_string_lossy().to_string()))
+                .collect();
+            known.sort();
+            known.dedup();
+            return Err(EngineError::UnknownKind {
+                path: pipeline_file.to_path_buf(),
+                stage: stage.to_string(),
+                kind: kind.to_string(),
+                searched: self.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+                known: known.join(", "),
+            });
+        };
+        let def: StageKindFile = parse_toml_file(&file)?;
+        let k = Arc::new(self.build(&file, kind, def)?);
+        self.cache.insert(kind.to_string(), k.clone());
+        Ok(k)
+    }
+
+    fn build(&self, file: &Path, kind: &str, def: StageKindFile) -> Result<StageKind> {
+        let perr = |m: String| EngineError::Parse { path: file.to_path_buf(), message: m };
+        let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let (runner, code_version) = match (&def.builtin, &def.command) {
+            (Some(b), None) => {
+                let info = self.builtins.iter().find(|i| i.name == b).ok_or_else(|| EngineError::UnknownBuiltin {
+                    path: file.to_path_buf(),
+                    kind: kind.to_string(),
+                    builtin: b.clone(),
+                    known: self.builtins.iter().map(|i| i.name).collect::<Vec<_>>().join(", "),
+                })?;
+                (Runner::Builtin { name: b.clone(), needs_ml: info.needs_ml }, format!("{}@{}+{}", b, info.version, def.version))
+            }
+            (None, Some(cmd)) => {
+                let script = def.script.as_ref().map(|s| dir.join(s));
+                if let Some(s) = &script {
+                    if !s.is_file() {
+                        return Err(perr(format!("script `{}` not found", s.display())));
+                    }
+                }
+                (Runner::External { command: cmd.clone(), script, workdir: dir.clone() }, def.version.clone())
+            }
+            (Some(_), Some(_)) => return Err(perr("a stage kind has either `builtin` or `command`, not both".into())),
+            (None, None) => return Err(perr("a stage kind needs `builtin = \"name\"` or `command = [...]`".into())),
+        };
+        let schemas = |m: &BTreeMap<String, String>, what: &str| -> Result<BTreeMap<String, Schema>> {
+            m.iter()
+                .map(|(n, s)| {
+                    Schema::parse(s).map(|sc| (n.clone(), sc)).ok_or_else(|| {
+                        perr(format!(
+                            "{what} `{n}` has unknown schema `{s}` (known: {})",
+                            Schema::ALL.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
+                        ))
+                    })
+                })
+                .collect()
+        };
+        if let Some(name) = &def.name {
+            if name != kind {
+                return Err(perr(format!("file declares name `{name}` but is loaded as stage kind `{kind}`")));
+            }
+        }
+        Ok(StageKind {
+            name: kind.to_string(),
+            file: file.to_path_buf(),
+            description: def.description.clone(),
+            runner,
+            code_version,
+            inputs: schemas(&def.inputs, "input")?,
+            outputs: schemas(&def.outputs, "output")?,
+            defaults: def.params.iter().map(|(k, v)| (k.clone(), toml_to_json(v))).collect(),
+            resources: def.resources.clone(),
+        })
+    }
+}
+
+/// A stage use before wiring: which kind, which params, which raw input refs.
+struct Pending {
+    node: Node,
+    raw_inputs: BTreeMap<String, String>,
+    /// Chain name and chain-local stage names, to resolve sibling references.
+    scope: Option<(String, Vec<String>, usize)>,
+    carry: BTreeMap<String, String>,
+}
+
+pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Result<Plan> {
+    let pf: PipelineFile = parse_toml_file(file)?;
+    let pdir = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let pdir = if pdir.as_os_str().is_empty() { PathBuf::from(".") } else { pdir };
+    let name = pf.name.clone().unwrap_or_else(|| file.file_stem().unwrap_or_default().to_string_lossy().to_string());
+    let mut dirs: Vec<PathBuf> = pf.stage_dirs.iter().map(|d| pdir.join(d)).collect();
+    dirs.push(pdir.join("../stages"));
+    dirs.push(pdir.join("stages"));
+    dirs.push(PathBuf::from("stages"));
+    let mut loader = KindLoader { dirs, builtins, cache: HashMap::new() };
+    let wiring = |stage: &str, m: String| EngineError::Wiring { path: file.to_path_buf(), stage: stage.to_string(), message: m };
+
+    // Chain lengths may be overridden with `--set chain.repeat=N`.
+    let mut chains: Vec<ChainDef> = pf.chain.clone();
+    for s in sets.iter().filter(|s| s.param == "repeat") {
+        if let Some(c) = chains.iter_mut().find(|c| c.name == s.target) {
+            c.repeat = match &s.value {
+                toml::Value::Integer(n) if *n >= 0 => *n as usize,
+                _ => return Err(EngineError::SetArg { arg: s.raw.clone(), message: "repeat must be a non-negative integer".into() }),
+            };
+        }
+    }
+
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut seen_names: HashMap<String, ()> = HashMap::new();
+    let mut check_unique = |n: &str| -> Result<()> {
+        if seen_names.insert(n.to_string(), ()).is_some() {
+            return Err(wiring(n, "duplicate stage name".into()));
+        }
+        Ok(())
+    };
+    let make_node = |su: &StageUse, name: String, base: String, step: Option<usize>, loader: &mut KindLoader| -> Result<Node> {
+        let kind = loader.load(file, &su.name, su.uses.as_deref().unwrap_or(&su.name))?;
+        let mut params = Map::new();
+        let mut sources = BTreeMap::new();
+        for (k, v) in &kind.defaults {
+            params.insert(k.clone(), v.clone());
+            sources.insert(k.clone(), ParamSource::Default);
+        }
+        let defaults_toml = kind_defaults_toml(&kind);
+        for (k, v) in &su.params {
+            let Some(d) = defaults_toml.get(k) else {
+                return Err(EngineError::Param {
+                    path: file.to_path_buf(),
+                    stage: name.clone(),
+                    param: k.clone(),
+                    message: format!("unknown param for stage kind `{}` (known: {})", kind.name, known_params(&kind)),
+                });
+            };
+            let v = interpolate_step(v, step);
+            let v = coerce(d, &v, None)
+                .map_err(|m| EngineError::Param { path: file.to_path_buf(), stage: name.clone(), param: k.clone(), message: m })?;
+            params.insert(k.clone(), toml_to_json(&v));
+            sources.insert(k.clone(), ParamSource::Pipeline);
+        }
+        Ok(Node { name, base, stage: su.name.clone(), step, kind, params, param_sources: sources, inputs: BTreeMap::new() })
+    };
+
+    for su in &pf.stage {
+        check_unique(&su.name)?;
+        let node = make_node(su, su.name.clone(), su.name.clone(), None, &mut loader)?;
+        pending.push(Pending { node, raw_inputs: su.inputs.clone(), scope: None, carry: BTreeMap::new() });
+    }
+    for c in &chains {
+        check_unique(&c.name)?;
+        let locals: Vec<String> = c.stage.iter().map(|s| s.name.clone()).collect();
+        for i in 0..c.repeat {
+            for su in &c.stage {
+                let base = format!("{}.{}", c.name, su.name);
+                let node = make_node(su, format!("{base}[{i}]"), base, Some(i), &mut loader)?;
+                let carry = c
+                    .carry
+                    .iter()
+                    .filter_map(|(k, v)| k.strip_prefix(&format!("{}.", su.name)).map(|inp| (inp.to_string(), v.clone())))
+                    .collect();
+                pending.push(Pending { node, raw_inputs: su.inputs.clone(), scope: Some((c.name.clone(), locals.clone(), i)), carry });
+            }
+        }
+    }
+
+    apply_sets(file, sets, &chains, &mut pending)?;
+
+    // Wire inputs.
+    let index: HashMap<String, usize> = pending.iter().enumerate().map(|(i, p)| (p.node.name.clone(), i)).collect();
+    let repeats: HashMap<String, usize> = chains.iter().map(|c| (c.name.clone(), c.repeat)).collect();
+    let mut wired: Vec<BTreeMap<String, InputRef>> = Vec::with_capacity(pending.len());
+    for p in &pending {
+        let n = &p.node;
+        let mut inputs = BTreeMap::new();
+        for (inp, schema) in &n.kind.inputs {
+            let carried = p.scope.as_ref().filter(|(_, _, i)| *i > 0).and_then(|_| p.carry.get(inp));
+            let (raw, step_shift) = match (carried, p.raw_inputs.get(inp)) {
+                (Some(c), _) => (c, 1),
+                (None, Some(r)) => (r, 0),
+                (None, None) => return Err(wiring(&n.name, format!("input `{inp}` ({schema}) is not wired"))),
+            };
+            let r = resolve_ref(raw, p, step_shift, &index, &repeats, &pdir).map_err(|m| wiring(&n.name, format!("input `{inp}` = \"{raw}\": {m}")))?;
+            if let InputRef::Output { node, output } = &r {
+                let up = &pending[*node].node;
+                let Some(up_schema) = up.kind.outputs.get(output) else {
+                    return Err(wiring(
+                        &n.name,
+                        format!(
+                            "input `{inp}` = \"{raw}\": stage `{}` has no output `{output}` (its outputs: {})",
+                            up.name,
+                            up.kind.outputs.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                };
+                // `dir`/`table` accept any upstream artifact; `file` accepts any that is a single file.
+                let generic = match schema {
+                    Schema::Dir | Schema::Table => true,
+                    Schema::File => !up_schema.is_dir(),
+                    _ => false,
+                };
+                if up_schema != schema && !generic {
+                    return Err(wiring(&n.name, format!("input `{inp}` expects schema `{schema}` but `{raw}` is `{up_schema}`")));
+                }
+            }
+            inputs.insert(inp.clone(), r);
+        }
+        for inp in p.raw_inputs.keys() {
+            if !n.kind.inputs.contains_key(inp) {
+                return Err(wiring(
+                    &n.name,
+                    format!("stage kind `{}` has no input `{inp}` (its inputs: {})", n.kind.name, n.kind.inputs.keys().cloned().collect::<Vec<_>>().join(", ")),
+                ));
+            }
+        }
+        wired.push(inputs);
+    }
+    let mut nodes: Vec<Node> = pending.into_iter().map(|p| p.node).collect();
+    for (n, inputs) in nodes.iter_mut().zip(wired) {
+        n.inputs = inputs;
+    }
+
+    let mut graph = DiGraph::new();
+    let ids: Vec<NodeIndex> = (0..nodes.len()).map(|i| graph.add_node(i)).collect();
+    for (i, n) in nodes.iter().enumerate() {
+        for r in n.inputs.values() {
+            if let InputRef::Output { node, .. } = r {
+                graph.update_edge(ids[*node], ids[i], ());
+            }
+        }
+    }
+    let order = match toposort(&graph, None) {
+        Ok(o) => o.into_iter().map(|ix| graph[ix]).collect(),
+        Err(_) => return Err(EngineError::Cycle { path: file.to_path_buf(), cycle: describe_cycle(&graph, &nodes) }),
+    };
+    Ok(Plan { name, file: file.to_path_buf(), nodes, graph, order })
+}
+
+fn kind_defaults_toml(kind: &StageKind) -> BTreeMap<String, toml::Value> {
+    // Defaults were converted to JSON; convert back losslessly for type checks.
+    kind.defaults.iter().map(|(k, v)| (k.clone(), json_to_toml(v))).collect()
+}
+
+fn json_to_toml(v: &Value) -> toml::Value {
+    match v {
+        Value::String(s) => toml::Value::String(s.clone()),
+        Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64().unwrap_or(0)),
+        Value::Number(n) => toml::Value::Float(n.as_f64().unwrap_or(0.0)),
+        Value::Bool(b) => toml::Value::Boolean(*b),
+        Value::Array(a) => toml::Value::Array(a.iter().map(json_to_toml).collect()),
+        Value::Object(o) => toml::Value::Table(o.iter().map(|(k, v)| (k.clone(), json_to_toml(v))).collect()),
+        Value::Null => toml::Value::String(String::new()),
+    }
+}
+
+fn known_params(kind: &StageKind) -> String {
+    if kind.defaults.is_empty() {
+        "none".into()
+    } else {
+        kind.defaults.keys().cloned().collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// `"{step}"` becomes the step number; `{step}` inside a longer string is substituted.
+fn interpolate_step(v: &toml::Value, step: Option<usize>) -> toml::Value {
+    match (v, step) {
+        (toml::Value::String(s), Some(i)) if s == "{step}" => toml::Value::Integer(i as i64),
+        (toml::Value::String(s), Some(i)) if s.contains("{step}") => toml::Value::String(s.replace("{step}", &i.to_string())),
+        _ => v.clone(),
+    }
+}
+
+fn apply_sets(file: &Path, sets: &[SetArg], chains: &[ChainDef], pending: &mut [Pending]) -> Result<()> {
+    for s in sets {
+        if s.param == "repeat" && chains.iter().any(|c| c.name == s.target) {
+            continue;
+        }
+        let mut matched = 0;
+        for p in pending.iter_mut() {
+            let n = &mut p.node;
+            if !(n.name == s.target || n.base == s.target || n.stage == s.target) {
+                continue;
+            }
+            matched += 1;
+            let Some(d) = kind_defaults_toml(&n.kind).get(&s.param).cloned() else {
+                return Err(EngineError::SetArg {
+                    arg: s.raw.clone(),
+                    message: format!("stage `{}` (kind `{}`) has no param `{}` (known: {})", n.name, n.kind.name, s.param, known_params(&n.kind)),
+                });
+            };
+            let v = coerce(&d, &s.value, Some(&s.text)).map_err(|m| EngineError::SetArg { arg: s.raw.clone(), message: m })?;
+            n.params.insert(s.param.clone(), toml_to_json(&v));
+            n.param_sources.insert(s.param.clone(), ParamSource::SetArg);
+        }
+        if matched == 0 {
+            return Err(EngineError::SetArg { arg: s.raw.clone(), message: format!("no stage `{}` in {}", s.target, file.display()) });
+        }
+    }
+    Ok(())
+}
+
+/// Resolve `stage.output`, `chain.stage[i].output` (i may be negative or `last`), a sibling
+/// `stage.output` inside a chain (same step, or the previous one for carried inputs), or `file:path`.
+fn resolve_ref(
+    raw: &str,
+    p: &Pending,
+    step_shift: usize,
+    index: &HashMap<String, usize>,
+    repeats: &HashMap<String, usize>,
+    pdir: &Path,
+) -> std::result::Result<InputRef, String> {
+    if let Some(path) = raw.strip_prefix("file:") {
+        let full = pdir.join(path);
+        if !full.exists() {
+            return Err(format!("file `{}` does not exist", full.display()));
+        }
+        return Ok(InputRef::File { path: full });
+    }
+    let (target, output) = raw.rsplit_once('.').ok_or("expected `stage.output` or `file:path`")?;
+    let instance = if let Some((chain_stage, idx)) = target.strip_suffix(']').and_then(|t| t.split_once('[')) {
+        let chain = chain_stage.split('.').next().unwrap_or("");
+        let n = *repeats.get(chain).ok_or_else(|| format!("no chain `{chain}`"))?;
+        let i: i64 = if idx == "last" { -1 } else { idx.parse().map_err(|_| format!("bad step index `{idx}`"))? };
+        let i = if i < 0 { n as i64 + i } else { i };
+        if i < 0 || i as usize >= n {
+            return Err(format!("step {idx} is out of range (chain `{chain}` has {n} steps)"));
+        }
+        format!("{chain_stage}[{i}]")
+    } else if let Some((chain, locals, step)) = &p.scope {
+        if locals.iter().any(|l| l == target) {
+            format!("{chain}.{target}[{}]", step - step_shift)
+        } else {
+            target.to_string()
+        }
+    } else if let Some(n) = target.split_once('.').and_then(|(c, _)| repeats.get(c)) {
+        if *n == 0 {
+            return Err(format!("chain of `{target}` has 0 steps"));
+        }
+        format!("{target}[{}]", n - 1)
+    } else {
+        target.to_string()
+    };
+    let node = *index.get(&instance).ok_or_else(|| format!("no stage `{instance}`"))?;
+    Ok(InputRef::Output { node, output: output.to_string() })
+}
+
+/// Name one cycle of the graph as `a -> b -> a`.
+fn describe_cycle(graph: &DiGraph<usize, ()>, nodes: &[Node]) -> String {
+    for scc in tarjan_scc(graph) {
+        let self_loop = scc.len() == 1 && graph.contains_edge(scc[0], scc[0]);
+        if scc.len() < 2 && !self_loop {
+            continue;
+        }
+        // Breadth-first search inside the SCC for the shortest way back to `start`.
+        let start = scc[0];
+        let mut prev: HashMap<NodeIndex, NodeIndex> = HashMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut last = start;
+        'search: while let Some(cur) = queue.pop_front() {
+            for next in graph.neighbors(cur).filter(|n| scc.contains(n)) {
+                if next == start {
+                    last = cur;
+                    break 'search;
+                }
+                if let std::collections::hash_map::Entry::Vacant(e) = prev.entry(next) {
+                    e.insert(cur);
+                    queue.push_back(next);
+                }
+            }
+        }
+        let mut path = vec![start];
+        let mut cur = last;
+        while cur != start {
+            path.push(cur);
+            cur = prev[&cur];
+        }
+        path.push(start);
+        let last_ix = path.len() - 1;
+        path[1..last_ix].reverse();
+        return path.iter().map(|ix| nodes[graph[*ix]].name.clone()).collect::<Vec<_>>().join(" -> ");
+    }
+    "unknown".into()
+}
+
+impl Plan {
+    /// Nodes whose instance name, base or stage name equals `target`.
+    pub fn matching(&self, target: &str) -> Vec<usize> {
+        self.nodes.iter().enumerate().filter(|(_, n)| n.name == target || n.base == target || n.stage == target).map(|(i, _)| i).collect()
+    }
+
+    /// `targets` plus all their ancestors.
+    pub fn with_ancestors(&self, targets: &[usize]) -> Vec<bool> {
+        let mut keep = vec![false; self.nodes.len()];
+        let mut stack: Vec<usize> = targets.to_vec();
+        while let Some(i) = stack.pop() {
+            if keep[i] {
+                continue;
+            }
+            keep[i] = true;
+            for r in self.nodes[i].inputs.values() {
+                if let InputRef::Output { node, .. } = r {
+                    stack.push(*node);
+                }
+            }
+        }
+        keep
+    }
+}

@@ -1,0 +1,145 @@
+//! Turning plan nodes into instance specs (and keys) once their upstream outputs are known, and
+//! explaining why an instance is not cached.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::error::Result;
+use super::hash::sha256_file;
+use super::plan::{InputRef, Plan, Runner};
+use super::record::RunRecord;
+use super::spec::{explain_change, InputSource, InputSpec, InstanceSpec, RunnerSpec};
+use super::store::{hash_source, RefEntry, Store};
+
+/// A `file:` input is hashed as an artifact (manifest); a script by its raw bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum HashKind {
+    Source,
+    ScriptBytes,
+}
+
+pub struct Resolver<'a> {
+    pub plan: &'a Plan,
+    /// (path, hash kind) -> hash: each source file and script is hashed once per run.
+    file_hashes: HashMap<(PathBuf, HashKind), String>,
+    git_rev: Option<Option<String>>,
+}
+
+impl<'a> Resolver<'a> {
+    pub fn new(plan: &'a Plan) -> Self {
+        Resolver { plan, file_hashes: HashMap::new(), git_rev: None }
+    }
+
+    /// Upstream nodes of `i` (each once).
+    pub fn upstream(&self, i: usize) -> Vec<usize> {
+        let mut ups: Vec<usize> =
+            self.plan.nodes[i].inputs.values().filter_map(|r| if let InputRef::Output { node, .. } = r { Some(*node) } else { None }).collect();
+        ups.sort();
+        ups.dedup();
+        ups
+    }
+
+    /// Build the spec of node `i`; `done[j]` holds the run record of every upstream node.
+    pub fn spec(&mut self, i: usize, done: &[Option<Arc<RunRecord>>]) -> Result<InstanceSpec> {
+        let node = &self.plan.nodes[i];
+        let mut inputs = BTreeMap::new();
+        for (name, r) in &node.inputs {
+            let schema = node.kind.inputs[name].name().to_string();
+            let spec = match r {
+                InputRef::Output { node: up, output } => {
+                    let rec = done[*up].as_ref().expect("upstream resolved before downstream");
+                    let hash = rec.outputs.get(output).map(|o| o.hash.clone()).unwrap_or_default();
+                    InputSpec {
+                        schema,
+                        hash,
+                        source: InputSource::Instance { key: rec.key.clone(), stage: self.plan.nodes[*up].name.clone(), output: output.clone() },
+                    }
+                }
+                InputRef::File { path } => {
+                    let hash = self.cached_hash(path, HashKind::Source)?;
+                    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                    InputSpec { schema, hash, source: InputSource::File { path: abs } }
+                }
+            };
+            inputs.insert(name.clone(), spec);
+        }
+        let runner = match &node.kind.runner {
+            Runner::Builtin { name, needs_ml } => RunnerSpec::Builtin { name: name.clone(), needs_ml: *needs_ml },
+            Runner::External { command, script, workdir } => {
+                let script_sha256 = match script {
+                    Some(s) => Some(self.cached_hash(s, HashKind::ScriptBytes)?),
+                    None => None,
+                };
+                let abs = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+                RunnerSpec::External { command: command.clone(), script: script.as_ref().map(abs), script_sha256, workdir: abs(workdir) }
+            }
+        };
+        let mut spec = InstanceSpec {
+            key: String::new(),
+            pipeline: self.plan.name.clone(),
+            instance: node.name.clone(),
+            kind: node.kind.name.clone(),
+            code_version: node.kind.code_version.clone(),
+            runner,
+            params: node.params.clone(),
+            inputs,
+            outputs: node.kind.outputs.iter().map(|(n, s)| (n.clone(), s.name().to_string())).collect(),
+            resources: node.kind.resources.clone(),
+            git_rev: None,
+        };
+        spec.key = spec.compute_key();
+        Ok(spec)
+    }
+
+    fn cached_hash(&mut self, path: &std::path::Path, kind: HashKind) -> Result<String> {
+        if let Some(h) = self.file_hashes.get(&(path.to_path_buf(), kind)) {
+            return Ok(h.clone());
+        }
+        let h = match kind {
+            HashKind::Source => hash_source(path)?,
+            HashKind::ScriptBytes => sha256_file(path)?,
+        };
+        self.file_hashes.insert((path.to_path_buf(), kind), h.clone());
+        Ok(h)
+    }
+
+    /// The pipeline's git revision, asked once and only when something runs.
+    pub fn git_rev(&mut self) -> Option<String> {
+        if self.git_rev.is_none() {
+            let dir = self.plan.file.parent().map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() });
+            let out = std::process::Command::new("git")
+                .arg("-C")
+                .arg(dir.unwrap_or_else(|| PathBuf::from(".")))
+                .args(["rev-parse", "HEAD"])
+                .stderr(std::process::Stdio::null())
+                .output()
+                .ok();
+            let rev = out.filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+            self.git_rev = Some(rev);
+        }
+        self.git_rev.clone().flatten()
+    }
+}
+
+/// Why `spec` is not served from the store, compared with the last run of the same instance.
+pub fn why_not_cached(store: &Store, refs: &BTreeMap<String, RefEntry>, spec: &InstanceSpec) -> Vec<String> {
+    match refs.get(&spec.instance) {
+        None => vec!["never run".into()],
+        Some(r) if r.key == spec.key => {
+            if store.instance_dir(&spec.key).exists() {
+                vec!["stored output is incomplete or corrupt".into()]
+            } else {
+                vec!["output is not in the store (removed or never finished)".into()]
+            }
+        }
+        Some(r) => {
+            let why = explain_change(&r.material, &spec.key_material());
+            if why.is_empty() {
+                vec!["key changed".into()]
+            } else {
+                why
+            }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The content-addressed store.
+//!
+//! ```text
+//! <store>/instances/<key>/run.json      commit point (written last, then the directory is renamed in)
+//! <store>/instances/<key>/outputs/...   the artifacts (immutable once committed)
+//! <store>/tmp/<key>.<pid>/              work in progress; never read
+//! <store>/locks/<key>.lock              one writer per instance (OS file lock)
+//! <store>/specs/<key>.json              what `stage exec KEY` runs
+//! <store>/logs/<key>.log                stage output
+//! <store>/refs/<pipeline>.json          last key of each instance (to explain staleness)
+//! <store>/quarantine/                   corrupt or superseded instances, moved aside, never deleted
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::error::{EngineError, IoContext, Result};
+use super::hash::{manifest_hash, sha256_file};
+use super::record::{FileRecord, OutputRecord, RunRecord};
+use super::spec::InstanceSpec;
+
+/// Files up to this size are re-hashed on every cache hit; larger ones are checked by size+mtime.
+const REHASH_LIMIT: u64 = 4 << 20;
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub root: PathBuf,
+}
+
+/// An exclusive OS lock on one instance; released on drop (and by the kernel if we die).
+pub struct InstanceLock {
+    _file: File,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RefEntry {
+    pub key: String,
+    pub material: Value,
+}
+
+impl Store {
+    pub fn open(root: &Path) -> Result<Store> {
+        for sub in ["instances", "tmp", "locks", "specs", "logs", "refs", "quarantine"] {
+            fs::create_dir_all(root.join(sub)).at(root.join(sub))?;
+        }
+        Ok(Store { root: root.to_path_buf() })
+    }
+
+    /// Open without creating anything (read-only commands).
+    pub fn existing(root: &Path) -> Result<Store> {
+        if !root.join("instances").is_dir() {
+            return Err(EngineError::Store { path: root.to_path_buf(), message: "no store here (nothing has run yet?)".into() });
+        }
+        Ok(Store { root: root.to_path_buf() })
+    }
+
+    pub fn instance_dir(&self, key: &str) -> PathBuf {
+        self.root.join("instances").join(key)
+    }
+
+    pub fn outputs_dir(&self, key: &str) -> PathBuf {
+        self.instance_dir(key).join("outputs")
+    }
+
+    pub fn spec_path(&self, key: &str) -> PathBuf {
+        self.root.join("specs").join(format!("{key}.json"))
+    }
+
+    pub fn log_path(&self, key: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{key}.log"))
+    }
+
+    /// The run record of a committed instance, or None when incomplete/absent.
+    pub fn record(&self, key: &str) -> Option<RunRecord> {
+        let text = fs::read(self.instance_dir(key).join("run.json")).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Cheap integrity check used on every cache hit: sizes, small files re-hashed, large by mtime.
+    pub fn quick_check(&self, rec: &RunRecord) -> std::result::Result<(), String> {
+        self.check_files(rec, false)
+    }
+
+    /// Full re-hash of every output file.
+    pub fn verify(&self, rec: &RunRecord) -> std::result::Result<(), String> {
+        self.check_files(rec, true)
+    }
+
+    fn check_files(&self, rec: &RunRecord, full: bool) -> std::result::Result<(), String> {
+        let out = self.outputs_dir(&rec.key);
+        for (name, o) in &rec.outputs {
+            for f in &o.files {
+                let p = out.join(&f.path);
+                let md = fs::metadata(&p).map_err(|e| format!("output `{name}`: {}: {e}", p.display()))?;
+                if md.len() != f.bytes {
+                    return Err(format!("output `{name}`: {} has {} bytes, recorded {}", p.display(), md.len(), f.bytes));
+                }
+                if full || f.bytes <= REHASH_LIMIT {
+                    let h = sha256_file(&p).map_err(|e| e.to_string())?;
+                    if h != f.sha256 {
+                        return Err(format!("output `{name}`: {} content hash changed", p.display()));
+                    }
+                } else if mtime_ns(&md) != f.mtime_ns {
+                    let h = sha256_file(&p).map_err(|e| e.to_string())?;
+                    if h != f.sha256 {
+                        return Err(format!("output `{name}`: {} content hash changed", p.display()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Move an instance aside (corrupt or superseded); nothing is deleted.
+    pub fn quarantine(&self, key: &str, why: &str) -> Result<PathBuf> {
+        let stamp = std::time::SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let dest = self.root.join("quarantine").join(format!("{key}.{stamp}"));
+        fs::rename(self.instance_dir(key), &dest).at(&dest)?;
+        fs::write(dest.join("QUARANTINED"), format!("{why}\n")).at(&dest)?;
+        Ok(dest)
+    }
+
+    pub fn lock(&self, key: &str) -> Result<InstanceLock> {
+        let path = self.root.join("locks").join(format!("{key}.lock"));
+        let file = File::create(&path).at(&path)?;
+        file.lock().at(&path)?;
+        Ok(InstanceLock { _file: file })
+    }
+
+    /// Some(lock) when free, None when another process holds it.
+    pub fn try_lock(&self, key: &str) -> Result<Option<InstanceLock>> {
+        let path = self.root.join("locks").join(format!("{key}.lock"));
+        let file = File::create(&path).at(&path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(InstanceLock { _file: file })),
+            Err(fs::TryLockError::WouldBlock) => Ok(None),
+            Err(fs::TryLockError::Error(e)) => Err(EngineError::Io { path, source: e }),
+        }
+    }
+
+    /// A fresh temp dir for `key`; leftovers of dead runs are removed (caller holds the lock).
+    pub fn fresh_tmp(&self, key: &str) -> Result<PathBuf> {
+        let tmp_root = self.root.join("tmp");
+        if let Ok(entries) = fs::read_dir(&tmp_root) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(key) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let dir = tmp_root.join(format!("{key}.{}", std::process::id()));
+        fs::create_dir_all(dir.join("outputs")).at(&dir)?;
+        Ok(dir)
+    }
+
+    /// Commit: run.json written last into the temp dir, everything fsynced, then renamed into place.
+    pub fn commit(&self, tmp: &Path, rec: &RunRecord) -> Result<()> {
+        let text = serde_json::to_vec_pretty(rec).expect("record serializes");
+        let rj = tmp.join("run.json");
+        let mut f = File::create(&rj).at(&rj)?;
+        f.write_all(&text).at(&rj)?;
+        f.sync_all().at(&rj)?;
+        fsync_tree(tmp)?;
+        let dest = self.instance_dir(&rec.key);
+        if dest.exists() {
+            // Only reachable with --force or after a corrupt instance was found: keep the old one.
+            self.quarantine(&rec.key, "superseded by a forced rerun")?;
+        }
+        fs::rename(tmp, &dest).at(&dest)?;
+        sync_dir(&self.root.join("instances"))?;
+        Ok(())
+    }
+
+    pub fn write_spec(&self, spec: &InstanceSpec) -> Result<()> {
+        atomic_write(&self.spec_path(&spec.key), &serde_json::to_vec_pretty(spec).expect("spec serializes"))
+    }
+
+    pub fn read_spec(&self, key: &str) -> Result<InstanceSpec> {
+        let p = self.spec_path(key);
+        let text = fs::read(&p).map_err(|e| EngineError::Store {
+            path: p.clone(),
+            message: format!("no spec for instance {key} ({e}); run `rredcot pipeline run` to plan it"),
+        })?;
+        serde_json::from_slice(&text).map_err(|e| EngineError::Parse { path: p, message: e.to_string() })
+    }
+
+    pub fn read_refs(&self, pipeline: &str) -> BTreeMap<String, RefEntry> {
+        fs::read(self.refs_path(pipeline)).ok().and_then(|t| serde_json::from_slice(&t).ok()).unwrap_or_default()
+    }
+
+    pub fn write_refs(&self, pipeline: &str, refs: &BTreeMap<String, RefEntry>) -> Result<()> {
+        atomic_write(&self.refs_path(pipeline), &serde_json::to_vec(refs).expect("refs serialize"))
+    }
+
+    fn refs_path(&self, pipeline: &str) -> PathBuf {
+        self.root.join("refs").join(format!("{pipeline}.json"))
+    }
+
+    /// Keys of every committed instance directory.
+    pub fn instance_keys(&self) -> Result<Vec<String>> {
+        let dir = self.root.join("instances");
+        let mut keys: Vec<String> =
+            fs::read_dir(&dir).at(&dir)?.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+fn mtime_ns(md: &fs::Metadata) -> i128 {
+    md.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i128).unwrap_or(0)
+}
+
+/// All regular files under `root` as sorted relative paths.
+fn list_files(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).at(&d)? {
+            let e = e.at(&d)?;
+            let ft = e.file_type().at(e.path())?;
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file() {
+                out.push(e.path().strip_prefix(root).expect("under root").to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Hash one output (a file or a directory) found at `path` inside `outputs_dir`.
+/// The artifact hash covers paths relative to the artifact itself (as `hash_source` does), so an
+/// output and an identical source file hash equal.
+pub fn hash_output(outputs_dir: &Path, path: &Path, schema: &str) -> Result<OutputRecord> {
+    let rel_base = path.strip_prefix(outputs_dir).unwrap_or(path).to_path_buf();
+    let inner: Vec<Option<PathBuf>> = if path.is_dir() { list_files(path)?.into_iter().map(Some).collect() } else { vec![None] };
+    let mut files = Vec::new();
+    let mut pairs = Vec::new();
+    for within in inner {
+        let rel = match &within {
+            Some(w) => rel_base.join(w),
+            None => rel_base.clone(),
+        };
+        let full = outputs_dir.join(&rel);
+        let md = fs::metadata(&full).at(&full)?;
+        let sha = sha256_file(&full)?;
+        pairs.push((within.map(|w| w.to_string_lossy().to_string()).unwrap_or_default(), sha.clone()));
+        files.push(FileRecord { path: rel.to_string_lossy().to_string(), bytes: md.len(), sha256: sha, mtime_ns: mtime_ns(&md) });
+    }
+    Ok(OutputRecord { schema: schema.to_string(), hash: manifest_hash(&pairs), files })
+}
+
+/// Content hash of a source file or directory named by a `file:` input.
+pub fn hash_source(path: &Path) -> Result<String> {
+    if path.is_dir() {
+        let pairs = list_files(path)?
+            .into_iter()
+            .map(|rel| Ok((rel.to_string_lossy().to_string(), sha256_file(&path.join(&rel))?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(manifest_hash(&pairs))
+    } else {
+        let pairs = vec![(String::new(), sha256_file(path)?)];
+        Ok(manifest_hash(&pairs))
+    }
+}
+
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let mut f = File::create(&tmp).at(&tmp)?;
+    f.write_all(bytes).at(&tmp)?;
+    f.sync_all().at(&tmp)?;
+    fs::rename(&tmp, path).at(path)?;
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).at(dir)
+}
+
+fn fsync_tree(root: &Path) -> Result<()> {
+    for rel in list_files(root)? {
+        let p = root.join(rel);
+        File::open(&p).and_then(|f| f.sync_all()).at(&p)?;
+    }
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        sync_dir(&d)?;
+        for e in fs::read_dir(&d).at(&d)?.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok(())
+}

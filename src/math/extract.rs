@@ -1,0 +1,577 @@
+//! Find the final answer in a model response.
+//!
+//! Produces candidate answer spans in math-verify's priority order: `\boxed{}`/`\fbox{}` and
+//! "final answer ... is X" (50), "answer: X" (100), "answer ... X" (200), GSM8K `#### X` (250),
+//! then any LaTeX environment (`$..$`, `$$..$$`, `\(..\)`, `\[..\]`, a bare `\frac{a}{b}`) or
+//! plain number/expression (300). Within a priority the rightmost span comes first; the caller
+//! takes the first candidate that parses. Knows nothing of number semantics.
+
+/// One possible answer span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Lower is preferred.
+    pub priority: u16,
+    /// Byte offsets of the whole match in the response (for ordering).
+    pub start: usize,
+    pub end: usize,
+    /// The answer text, still LaTeX (boxes unwrapped).
+    pub text: String,
+    /// Plain-text number or expression (not LaTeX).
+    pub plain: bool,
+}
+
+const CURRENCY: &str = "$€£¥₹₽₪₩₫฿";
+
+/// Content of the last `\boxed{...}` or `\fbox{...}` (nested braces balanced; an unclosed box
+/// runs to the end of the text).
+pub fn last_boxed(text: &str) -> Option<&str> {
+    let b = text.rfind("\\boxed");
+    let f = text.rfind("\\fbox");
+    let (start, len) = match (b, f) {
+        (Some(b), Some(f)) if f > b => (f, 5),
+        (Some(b), _) => (b, 6),
+        (None, Some(f)) => (f, 5),
+        (None, None) => return None,
+    };
+    let rest = text[start + len..].trim_start();
+    let open = text.len() - rest.len();
+    if !rest.starts_with('{') {
+        return if rest.is_empty() { None } else { Some(rest) };
+    }
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(text[open + 1..open + i].trim());
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(text[open + 1..].trim())
+}
+
+/// The best answer string in `response`, if any (the first candidate; see [`candidates`]).
+pub fn extract_answer(response: &str) -> Option<String> {
+    candidates(response).into_iter().next().map(|c| c.text)
+}
+
+/// All candidate spans, best first.
+pub fn candidates(response: &str) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    // Like math-verify, a bare `\fbox` only counts inside a LaTeX environment.
+    if let Some(inner) = last_boxed(response).filter(|_| response.contains("\\boxed")) {
+        let end = response
+            .rfind(inner)
+            .map_or(response.len(), |i| i + inner.len() + 1);
+        out.push(Candidate {
+            priority: 50,
+            start: 0,
+            end,
+            text: inner.to_string(),
+            plain: false,
+        });
+    }
+    let lower = response.to_ascii_lowercase();
+    // "final answer ... is X"
+    for (i, _) in lower.match_indices("final answer") {
+        let window_end = floor_char(response, (i + 12 + 100).min(response.len()));
+        if let Some(j) = lower[i + 12..window_end].find(" is") {
+            let after = i + 12 + j + 3;
+            let rest = &response[after..];
+            let rest_trim = rest.strip_prefix(':').unwrap_or(rest);
+            let off = response.len() - rest_trim.len();
+            out.extend(first_answer_at(response, off, 50, 0));
+        }
+    }
+    // "answer: X" and "answer ... X"
+    for (i, _) in lower.match_indices("answer") {
+        let after = i + 6;
+        let colon = response[after..].starts_with(':');
+        let prio = if colon { 100 } else { 200 };
+        let from = if colon { after + 1 } else { after };
+        out.extend(first_answer_at(response, from, prio, 50));
+    }
+    // GSM8K "#### X"
+    if let Some(i) = response.rfind("####") {
+        out.extend(first_answer_at(response, i + 4, 250, 5));
+    }
+    // Anything.
+    out.extend(latex_envs(response, 300));
+    out.extend(plain_numbers(response, 300));
+    out.sort_by(|a, b| {
+        a.priority
+            .cmp(&b.priority)
+            .then(b.end.cmp(&a.end))
+            .then(a.start.cmp(&b.start))
+    });
+    out
+}
+
+fn floor_char(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Candidates anchored at `from` (just after "answer", "is", `####`): the first LaTeX
+/// environment starting within `window` bytes, and the plain number/expression either right after
+/// the last `=` within 100 bytes on the same line (`answer: x = 2y, so x = 6` gives 6) or else
+/// the first one starting within `window` bytes (several when an expression and a number start
+/// at the same place). The caller orders them by position, as math-verify does.
+fn first_answer_at(text: &str, from: usize, priority: u16, window: usize) -> Vec<Candidate> {
+    // Bound the scanned tail so that a response with many "answer" words stays linear.
+    let stop = floor_char(text, (from + window + 4096).min(text.len()));
+    let tail = &text[from..stop];
+    let limit = from + window.min(tail.len());
+    let latex = latex_envs(tail, priority)
+        .into_iter()
+        .map(|c| shift(c, from))
+        .filter(|c| c.start <= limit)
+        .min_by_key(|c| c.start);
+    let plain: Vec<Candidate> = plain_numbers(tail, priority)
+        .into_iter()
+        .map(|c| shift(c, from))
+        .filter(|c| !text[from..c.start].contains('\n'))
+        .collect();
+    let line_end = tail.find('\n').map_or(stop, |i| from + i);
+    let eq_stop = floor_char(text, (from + 101).min(line_end));
+    let last_eq = text[from..eq_stop].rfind('=').map(|i| from + i);
+    let followed_by_eq = |c: &Candidate| text[c.end..].trim_start().starts_with('=');
+    let after_eq: Vec<Candidate> = match last_eq {
+        Some(eq) => plain
+            .iter()
+            .filter(|c| {
+                c.start >= eq && text[eq + 1..c.start].trim().is_empty() && !followed_by_eq(c)
+            })
+            .cloned()
+            .collect(),
+        None => Vec::new(),
+    };
+    let chosen = if after_eq.is_empty() {
+        let first = plain
+            .iter()
+            .filter(|c| c.start <= limit && !followed_by_eq(c))
+            .map(|c| c.start)
+            .min();
+        plain
+            .into_iter()
+            .filter(|c| Some(c.start) == first)
+            .collect()
+    } else {
+        after_eq
+    };
+    latex.into_iter().chain(chosen).collect()
+}
+
+fn shift(mut c: Candidate, by: usize) -> Candidate {
+    c.start += by;
+    c.end += by;
+    c
+}
+
+/// `$..$`, `$$..$$`, `\(..\)`, `\[..\]` and bare `\frac{a}{b}` spans.
+fn latex_envs(text: &str, priority: u16) -> Vec<Candidate> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let escaped = i > 0 && b[i - 1] == b'\\';
+        let (open_len, close): (usize, &str) = if b[i] == b'$' && !escaped {
+            if b.get(i + 1) == Some(&b'$') {
+                (2, "$$")
+            } else if i > 0 && b[i - 1].is_ascii_digit() {
+                i += 1;
+                continue;
+            } else {
+                (1, "$")
+            }
+        } else if b[i] == b'\\' && !escaped && matches!(b.get(i + 1), Some(b'(') | Some(b'[')) {
+            (2, if b[i + 1] == b'(' { "\\)" } else { "\\]" })
+        } else if b[i..].starts_with(b"\\frac{") && !escaped {
+            if let Some(end) = simple_frac_end(text, i) {
+                let start = if i > 0 && b[i - 1] == b'-' { i - 1 } else { i };
+                out.push(Candidate {
+                    priority,
+                    start,
+                    end,
+                    text: text[start..end].to_string(),
+                    plain: false,
+                });
+                i = end;
+            } else {
+                i += 1;
+            }
+            continue;
+        } else {
+            i += 1;
+            continue;
+        };
+        let body_start = i + open_len;
+        let mut j = body_start;
+        let mut found = None;
+        while j < b.len() {
+            if close == "$" && b[j] == b'\n' {
+                break;
+            }
+            if b[j] == b'\\' && close == "$" && b.get(j + 1) == Some(&b'$') {
+                j += 2;
+                continue;
+            }
+            if b[j..].starts_with(close.as_bytes())
+                && (close != "$" || b[j - 1] != b'\\')
+                && j > body_start
+            {
+                found = Some(j);
+                break;
+            }
+            j += 1;
+        }
+        match found {
+            Some(j) => {
+                let body = &text[body_start..j];
+                let mut end = j + close.len();
+                let mut body = unbox_all(body);
+                // A percent sign right after the environment belongs to it.
+                let rest = &text[end..];
+                let rest_t = rest.trim_start();
+                for p in ["\\%", "%"] {
+                    if rest_t.starts_with(p) {
+                        body.push('%');
+                        end += rest.len() - rest_t.len() + p.len();
+                        break;
+                    }
+                }
+                out.push(Candidate {
+                    priority,
+                    start: i,
+                    end,
+                    text: body,
+                    plain: false,
+                });
+                i = end;
+            }
+            None => i += open_len,
+        }
+    }
+    out
+}
+
+/// End of `\frac{num}{num}` at `i`, numbers being `-?\d+([.,]\d+)?`.
+fn simple_frac_end(text: &str, i: usize) -> Option<usize> {
+    let mut j = i + "\\frac".len();
+    for _ in 0..2 {
+        let rest = text.get(j..)?;
+        let inner = rest.strip_prefix('{')?;
+        let close = inner.find('}')?;
+        let num = &inner[..close];
+        let num = num.strip_prefix('-').unwrap_or(num);
+        if num.is_empty()
+            || !num
+                .bytes()
+                .all(|c| c.is_ascii_digit() || c == b'.' || c == b',')
+        {
+            return None;
+        }
+        j += close + 2;
+    }
+    Some(j)
+}
+
+/// Replace every `\boxed{..}` by its content (joined by commas when several), else the text.
+fn unbox_all(body: &str) -> String {
+    let mut parts = Vec::new();
+    let mut rest = body;
+    while let Some(inner) = last_boxed(rest) {
+        if parts.last().map(String::as_str) != Some(inner) {
+            parts.push(inner.to_string());
+        }
+        let cut = rest
+            .rfind("\\boxed")
+            .into_iter()
+            .chain(rest.rfind("\\fbox"))
+            .max();
+        match cut {
+            Some(c) => rest = &rest[..c],
+            None => break,
+        }
+    }
+    if parts.is_empty() {
+        body.to_string()
+    } else {
+        parts.reverse();
+        parts.join(",")
+    }
+}
+
+fn is_expr_char(c: char) -> bool {
+    c.is_ascii_digit() || c.is_whitespace() || "+-*×/^()÷.".contains(c)
+}
+
+/// Plain numbers (`1,234.5`, `.5`, `3%`) and simple expressions (`7/2`, `3 + 4`) preceded by the
+/// start, whitespace or `=` (optionally `**` and a currency sign), like math-verify's expr regex.
+fn plain_numbers(text: &str, priority: u16) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut last_end = 0;
+    let mut no_expr_until = 0;
+    while i < text.len() {
+        if !text.is_char_boundary(i) {
+            i += 1;
+            continue;
+        }
+        let at_start = i == 0;
+        let prev = text[..i].chars().last();
+        let prefix_ok = at_start || prev.is_some_and(|c| c.is_whitespace() || c == '=');
+        if !prefix_ok || i < last_end {
+            i += 1;
+            continue;
+        }
+        let mut k = i;
+        if text[k..].starts_with("**") {
+            k += 2;
+        }
+        let start = i;
+        let expr = if k < no_expr_until {
+            None
+        } else {
+            match expr_at(text, k) {
+                Ok(e) => Some(e),
+                Err(run_end) => {
+                    // No later start inside this run can hold an operator either.
+                    no_expr_until = run_end;
+                    None
+                }
+            }
+        };
+        if let Some((text_s, end)) = &expr {
+            out.push(Candidate {
+                priority,
+                start,
+                end: *end,
+                text: text_s.clone(),
+                plain: true,
+            });
+        }
+        if let Some(c) = text[k..].chars().next() {
+            if CURRENCY.contains(c) {
+                k += c.len_utf8();
+            }
+        }
+        // The number at the same place is the fallback when the expression does not parse
+        // (`**3**.` is not an expression, `3` is).
+        if let Some((num, end)) = number_at(text, k) {
+            let expr_end = expr.as_ref().map_or(0, |e| e.1);
+            out.push(Candidate {
+                priority,
+                start,
+                end,
+                text: num,
+                plain: true,
+            });
+            last_end = end.max(expr_end);
+            i = last_end;
+            continue;
+        }
+        if let Some((_, end)) = expr {
+            last_end = end;
+            i = end;
+            continue;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// An expression with at least one operator, starting with a digit (after `-`/`(`), ending
+/// before a suffix (`.`, `,`, `:`, whitespace, `)`, `$`, end).
+///
+/// `Err(run_end)` (an absolute offset) when no expression starts here or anywhere later in the
+/// same run of expression characters.
+fn expr_at(text: &str, k: usize) -> Result<(String, usize), usize> {
+    let rest = &text[k..];
+    let mut lead = 0;
+    for p in ["-", "(", "-"] {
+        if rest[lead..].starts_with(p) {
+            lead += 1;
+        }
+    }
+    if !rest[lead..].starts_with(|c: char| c.is_ascii_digit()) {
+        return Err(k);
+    }
+    let run_len: usize = rest[lead..]
+        .chars()
+        .take_while(|&c| is_expr_char(c) && c != '\n')
+        .map(char::len_utf8)
+        .sum();
+    let run = &rest[..lead + run_len];
+    // The first operator (after the leading digit) decides which prefixes qualify: it must be
+    // followed by at least one more character. Linear in the run length.
+    let first_op_end = run[lead..]
+        .char_indices()
+        .skip(1)
+        .find(|&(_, c)| "+-*×/^()÷".contains(c))
+        .map(|(i, c)| lead + i + c.len_utf8())
+        .ok_or(k + run.len())?;
+    // Longest prefix ending before a valid suffix.
+    let mut e = run.len();
+    while e > first_op_end {
+        if run.is_char_boundary(e) {
+            let next = text[k + e..].chars().next();
+            let suffix_ok = next.is_none_or(|c| ".,:)$".contains(c) || c.is_whitespace())
+                || text[k + e..].starts_with("**");
+            if suffix_ok {
+                let trimmed = run[..e].trim_end();
+                return Ok((trimmed.replace("**", "^"), k + trimmed.len()));
+            }
+        }
+        e -= 1;
+    }
+    Err(k)
+}
+
+/// A number at `k`: thousands-separated, decimal (`.` or `,`), `.5`, or integer, with an
+/// optional percent suffix. Returns the canonical text and the end offset.
+fn number_at(text: &str, k: usize) -> Option<(String, usize)> {
+    let b = text.as_bytes();
+    let mut j = k;
+    let neg = b.get(j) == Some(&b'-');
+    if neg {
+        j += 1;
+    }
+    let digits = |mut p: usize| {
+        while p < b.len() && b[p].is_ascii_digit() {
+            p += 1;
+        }
+        p
+    };
+    let int_end = digits(j);
+    let mut number = String::new();
+    let end;
+    if int_end == j {
+        // `.5`
+        if !neg && b.get(j) == Some(&b'.') && b.get(j + 1).is_some_and(u8::is_ascii_digit) {
+            end = digits(j + 1);
+            number = format!("0{}", &text[j..end]);
+        } else {
+            return None;
+        }
+    } else {
+        // Thousands groups: [1-9]\d{0,2}([ ,]\d{3})+ (\.\d+)?
+        let mut g_end = int_end;
+        let lead_ok = b[j] != b'0' && int_end - j <= 3;
+        let mut groups = 0;
+        if lead_ok {
+            while g_end + 3 < b.len() + 1
+                && matches!(b.get(g_end), Some(b' ') | Some(b','))
+                && b.get(g_end + 1..g_end + 4)
+                    .is_some_and(|g| g.iter().all(u8::is_ascii_digit))
+            {
+                g_end += 4;
+                groups += 1;
+            }
+        }
+        if groups > 0 {
+            let mut e = g_end;
+            if b.get(e) == Some(&b'.') && b.get(e + 1).is_some_and(u8::is_ascii_digit) {
+                e = digits(e + 1);
+            }
+            number = text[j..e].replace([' ', ','], "");
+            end = e;
+        } else if matches!(b.get(int_end), Some(b'.') | Some(b','))
+            && b.get(int_end + 1).is_some_and(u8::is_ascii_digit)
+        {
+            end = digits(int_end + 1);
+            number = format!("{}.{}", &text[j..int_end], &text[int_end + 1..end]);
+        } else {
+            end = int_end;
+            number.push_str(&text[j..int_end]);
+        }
+        let trimmed = number.trim_start_matches('0');
+        number = if trimmed.is_empty() || trimmed.starts_with('.') {
+            format!("0{trimmed}")
+        } else {
+            trimmed.to_string()
+        };
+    }
+    if neg {
+        number.insert(0, '-');
+    }
+    // Percent suffix.
+    let rest = &text[end..];
+    let rest_t = rest.trim_start();
+    for p in [
+        "%",
+        "percentage",
+        "Percentage",
+        "percent",
+        "Percent",
+        "pct",
+        "Pct",
+    ] {
+        if rest_t.starts_with(p) {
+            number.push('%');
+            return Some((number, end + (rest.len() - rest_t.len()) + p.len()));
+        }
+    }
+    Some((number, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boxed_with_nested_braces() {
+        assert_eq!(
+            last_boxed("so \\boxed{\\frac{1}{2}} ok"),
+            Some("\\frac{1}{2}")
+        );
+        assert_eq!(last_boxed("\\boxed{1} then \\fbox{2}"), Some("2"));
+        assert_eq!(last_boxed("\\boxed{\\boxed{7}}"), Some("7"));
+        assert_eq!(last_boxed("no box"), None);
+    }
+
+    #[test]
+    fn answer_forms() {
+        assert_eq!(
+            extract_answer("The answer is 1,234.").as_deref(),
+            Some("1234")
+        );
+        assert_eq!(
+            extract_answer("We try 9 first.\n#### 42").as_deref(),
+            Some("42")
+        );
+        assert_eq!(
+            extract_answer("Final answer: $\\frac{1}{2}$").as_deref(),
+            Some("\\frac{1}{2}")
+        );
+        assert_eq!(
+            extract_answer("I computed 5 earlier, but the answer is 7.").as_deref(),
+            Some("7")
+        );
+        assert_eq!(
+            extract_answer("Total: 3 + 4 = 7 apples").as_deref(),
+            Some("7")
+        );
+        assert_eq!(
+            extract_answer("Thus $x = 3$ and \\boxed{4}").as_deref(),
+            Some("4")
+        );
+        assert_eq!(extract_answer("It is 25 percent.").as_deref(), Some("25%"));
+        // Like math-verify, the trailing full stop is part of the greedy expression match.
+        assert_eq!(
+            extract_answer("The answer is 7/2.").as_deref(),
+            Some("7/2.")
+        );
+        assert_eq!(
+            extract_answer("The answer: x = 2y, so x = 6 in the end").as_deref(),
+            Some("6")
+        );
+        assert_eq!(extract_answer("nothing here"), None);
+    }
+}

@@ -1,0 +1,203 @@
+//! LaTeX clean-up of an extracted answer string before parsing.
+//!
+//! Owns purely textual rewrites (spacing commands, `\left`/`\right`, `\dfrac`, dollar signs,
+//! degree marks, percent words, trailing units and `\text{...}`), mirroring math-verify's
+//! `normalize_latex`. Knows nothing of numbers or of how the answer was found in a response.
+
+/// Unit words stripped when they trail a number (a subset of math-verify's list, plus plurals).
+const UNITS: &[&str] = &[
+    "cm", "mm", "km", "m", "kg", "g", "mg", "lb", "lbs", "ft", "feet", "foot", "inch", "inches",
+    "yard", "yards", "mile", "miles", "meter", "meters", "metre", "metres", "liter", "liters",
+    "litre", "litres", "hour", "hours", "hr", "hrs", "minute", "minutes", "min", "second",
+    "seconds", "sec", "day", "days", "month", "months", "year", "years", "degree", "degrees",
+    "deg", "mph", "kmph", "kmh", "gallon", "gallons", "unit", "units", "apple", "apples",
+    "student", "students", "men", "women", "toy", "toys", "coin", "coins", "cents", "cent",
+    "square", "cubic", "sq", "acre", "acres", "rupee", "rupees", "pound", "pounds",
+];
+
+/// Spacing and presentation commands removed outright.
+const DROP: &[&str] = &[
+    "\\displaystyle",
+    "\\!",
+    "\\,",
+    "\\;",
+    "\\:",
+    "\\quad",
+    "\\qquad",
+    "\\$",
+    "$",
+    "^{\\circ}",
+    "^\\circ",
+    "\\circ",
+    "\\degree",
+    "°",
+    "\\mleft",
+    "\\mright",
+    "\\left",
+    "\\right",
+    "\\big",
+    "\\Big",
+];
+
+/// Normalize one answer (the content of a box, or a matched LaTeX/number span).
+pub fn normalize(answer: &str) -> String {
+    let mut s = answer.replace(['\n', '\t'], " ");
+    for cmd in ["\\dfrac", "\\tfrac", "\\cfrac"] {
+        s = s.replace(cmd, "\\frac");
+    }
+    for cmd in [
+        "\\mathrm", "\\mathbf", "\\mathit", "\\textrm", "\\textbf", "\\textit", "\\mbox",
+    ] {
+        s = s.replace(cmd, "\\text");
+    }
+    s = s
+        .replace("\\text{percent}", "%")
+        .replace("\\text{percentage}", "%");
+    for d in DROP {
+        s = s.replace(d, "");
+    }
+    s = s.replace("\\ ", " ").replace("{,}", ",");
+    s = s.replace("\\%", "%");
+    s = replace_words(&s, &["percentage", "percent", "pct"], "%");
+    s = strip_trailing_text(&s);
+    s = strip_trailing_units(&s);
+    s = unwrap_text(&s);
+    s = s.replace("infinity", "\\infty");
+    let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let s = s.trim().trim_end_matches(['.', ',']).trim();
+    match s.strip_prefix('.') {
+        Some(rest) => format!("0.{rest}"),
+        None => s.to_string(),
+    }
+}
+
+/// Replace whole words (ASCII-alphabetic boundaries), swallowing the spaces before them.
+fn replace_words(s: &str, words: &[&str], with: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    'outer: while !rest.is_empty() {
+        for w in words {
+            if rest.starts_with(w) {
+                let before_ok = !out.chars().last().is_some_and(|c| c.is_ascii_alphabetic());
+                let after_ok = !rest[w.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic());
+                if before_ok && after_ok {
+                    let trimmed = out.trim_end().len();
+                    out.truncate(trimmed);
+                    out.push_str(with);
+                    rest = &rest[w.len()..];
+                    continue 'outer;
+                }
+            }
+        }
+        let c = rest.chars().next().unwrap_or(' ');
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+/// Drop a trailing `\text{...}` (a unit, `\text{ cm}`), optionally followed by `^2`, unless that
+/// would leave nothing.
+fn strip_trailing_text(s: &str) -> String {
+    let t = s.trim_end();
+    let Some(start) = t.rfind("\\text") else {
+        return s.to_string();
+    };
+    let tail = &t[start + 5..];
+    let tail = tail.trim_start();
+    let Some(inner) = tail.strip_prefix('{') else {
+        return s.to_string();
+    };
+    let Some(close) = inner.find('}') else {
+        return s.to_string();
+    };
+    let after = inner[close + 1..].trim();
+    let sup_ok = after.is_empty()
+        || (after.len() == 2 && after.starts_with('^') && after.as_bytes()[1].is_ascii_digit())
+        || (after.starts_with("^{") && after.ends_with('}') && after.len() <= 5);
+    let head = t[..start].trim_end();
+    if sup_ok && !head.is_empty() && !inner[..close].contains('{') {
+        head.to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+/// Drop a trailing unit word after a digit, `}` or space (twice, for "square meters").
+fn strip_trailing_units(s: &str) -> String {
+    let mut cur = s.trim_end().to_string();
+    for _ in 0..2 {
+        let word_start = cur
+            .char_indices()
+            .rfind(|&(_, c)| !c.is_ascii_alphabetic())
+            .map_or(0, |(i, c)| i + c.len_utf8());
+        let word = &cur[word_start..];
+        if word.is_empty() || !UNITS.contains(&word) {
+            break;
+        }
+        let head = cur[..word_start].trim_end();
+        let prev_ok = head
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_digit() || c == '}' || c == '%')
+            && (word_start > head.len() || head.ends_with(|c: char| c.is_ascii_digit()));
+        if head.is_empty() || !prev_ok || word_start == 0 {
+            break;
+        }
+        cur = head.to_string();
+    }
+    cur
+}
+
+/// `\text{abc}` -> `abc` (after units are gone, remaining text is content).
+fn unwrap_text(s: &str) -> String {
+    let mut out = s.to_string();
+    while let Some(i) = out.find("\\text") {
+        let after = &out[i + 5..];
+        let trimmed = after.trim_start();
+        let Some(inner) = trimmed.strip_prefix('{') else {
+            out.replace_range(i..i + 5, "");
+            continue;
+        };
+        let open = out.len() - inner.len() - 1;
+        let Some(close_rel) = inner.find('}') else {
+            out.replace_range(i..open + 1, "");
+            continue;
+        };
+        let close = open + 1 + close_rel;
+        let content = out[open + 1..close].trim().to_string();
+        out.replace_range(i..=close, &content);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn strips_spacing_and_delimiter_sizing() {
+        assert_eq!(normalize("\\left( 1,\\, 2 \\right)"), "( 1, 2 )");
+        assert_eq!(normalize("\\dfrac{1}{2}"), "\\frac{1}{2}");
+        assert_eq!(normalize("\\$12.50"), "12.50");
+    }
+
+    #[test]
+    fn strips_units_degrees_and_text() {
+        assert_eq!(normalize("10 \\text{ cm}"), "10");
+        assert_eq!(normalize("12\\text{ meters}^2"), "12");
+        assert_eq!(normalize("30^\\circ"), "30");
+        assert_eq!(normalize("5 apples"), "5");
+        assert_eq!(normalize("\\text{Monday}"), "Monday");
+    }
+
+    #[test]
+    fn percent_words_become_sign() {
+        assert_eq!(normalize("25 percent"), "25%");
+        assert_eq!(normalize("25\\%"), "25%");
+        assert_eq!(normalize(".5"), "0.5");
+    }
+}

@@ -1,0 +1,655 @@
+//! Parse a normalized answer string into an [`Answer`]: a number, interval, tuple or set.
+//!
+//! A small recursive-descent parser over LaTeX-ish tokens: integers (with thousands separators),
+//! decimals, `\frac`, mixed numbers, `\sqrt[n]{}`, `\pi`, `\infty`, `+ - * / ^ × ÷ \cdot \times
+//! \div`, implicit multiplication, `%`, parentheses/brackets (intervals and tuples) and `\{..\}`
+//! sets. Arithmetic is exact over rationals where possible. Knows nothing of responses or of the
+//! comparison policy; apply [`crate::math::normalize::normalize`] first.
+
+use super::number::{Kind, Num, Rational};
+use thiserror::Error;
+
+/// A parsed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Number(Num),
+    /// `[a, b)` etc.; `(a, b)` with `a < b` is read as an open interval (as math-verify does).
+    Interval {
+        lo: Num,
+        hi: Num,
+        left_open: bool,
+        right_open: bool,
+    },
+    /// Ordered: `(a, b, c)`, `[a, b, c]`, `(b, a)` with `b > a`.
+    Tuple(Vec<Answer>),
+    /// Unordered: `\{a, b\}` or a bare `a, b`.
+    Set(Vec<Answer>),
+}
+
+/// Why an answer string could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ParseError {
+    #[error("empty answer")]
+    Empty,
+    #[error("unexpected {found:?} at token {pos} in {input:?}")]
+    Unexpected {
+        input: String,
+        pos: usize,
+        found: String,
+    },
+    #[error("unsupported symbol {symbol:?} in {input:?}")]
+    Symbol { input: String, symbol: String },
+    #[error("expression nested too deeply in {input:?}")]
+    TooDeep { input: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Num(String),
+    Cmd(String),
+    Letter(char),
+    Sym(char),
+    /// `\{` and `\}`
+    SetOpen,
+    SetClose,
+}
+
+fn tokenize(s: &str) -> Vec<Tok> {
+    let chars: Vec<char> = s.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_whitespace() {
+            i += 1;
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+        {
+            let start = i;
+            while i < chars.len() && chars[i].is_ascii_digit() {
+                i += 1;
+            }
+            if i + 1 < chars.len() && chars[i] == '.' && chars[i + 1].is_ascii_digit() {
+                i += 1;
+                while i < chars.len() && chars[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
+            out.push(Tok::Num(chars[start..i].iter().collect()));
+        } else if c == '\\' {
+            let start = i + 1;
+            i += 1;
+            while i < chars.len() && chars[i].is_ascii_alphabetic() {
+                i += 1;
+            }
+            if i == start {
+                match chars.get(i) {
+                    Some('{') => out.push(Tok::SetOpen),
+                    Some('}') => out.push(Tok::SetClose),
+                    Some(&o) => out.push(Tok::Sym(o)),
+                    None => {}
+                }
+                i += 1;
+            } else {
+                out.push(Tok::Cmd(chars[start..i].iter().collect()));
+            }
+        } else if c.is_alphabetic() {
+            out.push(Tok::Letter(c));
+            i += 1;
+        } else {
+            out.push(Tok::Sym(c));
+            i += 1;
+        }
+    }
+    out
+}
+
+const MAX_DEPTH: usize = 64;
+
+struct Parser<'a> {
+    toks: Vec<Tok>,
+    pos: usize,
+    depth: usize,
+    input: &'a str,
+}
+
+/// An intermediate node: a number or a bracketed group that may become an interval or tuple.
+enum Node {
+    Num(Num),
+    Group(Answer),
+}
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> Option<&Tok> {
+        self.toks.get(self.pos)
+    }
+
+    fn unexpected(&self) -> ParseError {
+        ParseError::Unexpected {
+            input: self.input.to_string(),
+            pos: self.pos,
+            found: self
+                .peek()
+                .map_or_else(|| "end".to_string(), |t| format!("{t:?}")),
+        }
+    }
+
+    fn eat_sym(&mut self, c: char) -> bool {
+        if self.peek() == Some(&Tok::Sym(c)) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect_sym(&mut self, c: char) -> Result<(), ParseError> {
+        if self.eat_sym(c) {
+            Ok(())
+        } else {
+            Err(self.unexpected())
+        }
+    }
+
+    fn enter(&mut self) -> Result<(), ParseError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(ParseError::TooDeep {
+                input: self.input.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Comma-separated items until one of `closers` (not consumed).
+    fn list(&mut self) -> Result<Vec<Answer>, ParseError> {
+        let mut items = vec![self.item()?];
+        while self.eat_sym(',') || self.eat_sym(';') {
+            items.push(self.item()?);
+        }
+        Ok(items)
+    }
+
+    fn item(&mut self) -> Result<Answer, ParseError> {
+        match self.expr()? {
+            Node::Num(n) => Ok(Answer::Number(n)),
+            Node::Group(a) => Ok(a),
+        }
+    }
+
+    fn num(&mut self) -> Result<Num, ParseError> {
+        match self.expr()? {
+            Node::Num(n) => Ok(n),
+            Node::Group(_) => Err(self.unexpected()),
+        }
+    }
+
+    fn expr(&mut self) -> Result<Node, ParseError> {
+        self.enter()?;
+        let mut acc = self.term()?;
+        loop {
+            let op = match self.peek() {
+                Some(Tok::Sym(c @ ('+' | '-'))) => *c,
+                Some(Tok::Cmd(c)) if c == "pm" || c == "mp" => {
+                    return Err(ParseError::Symbol {
+                        input: self.input.to_string(),
+                        symbol: c.clone(),
+                    })
+                }
+                _ => break,
+            };
+            self.pos += 1;
+            let rhs = self.term()?;
+            acc = Node::Num(match (acc, rhs) {
+                (Node::Num(a), Node::Num(b)) if op == '+' => a + b,
+                (Node::Num(a), Node::Num(b)) => a - b,
+                _ => return Err(self.unexpected()),
+            });
+        }
+        self.depth -= 1;
+        Ok(acc)
+    }
+
+    fn term(&mut self) -> Result<Node, ParseError> {
+        let mut acc = self.unary()?;
+        loop {
+            let op = match self.peek() {
+                Some(Tok::Sym(c @ ('*' | '/' | '×' | '÷' | '·'))) => *c,
+                Some(Tok::Cmd(c)) if c == "cdot" || c == "times" => '*',
+                Some(Tok::Cmd(c)) if c == "div" => '/',
+                Some(t) if starts_primary(t) => '@',
+                _ => break,
+            };
+            if op != '@' {
+                self.pos += 1;
+            }
+            let rhs = self.unary()?;
+            acc = Node::Num(match (acc, rhs) {
+                (Node::Num(a), Node::Num(b)) if op == '/' || op == '÷' => a / b,
+                (Node::Num(a), Node::Num(b)) => a * b,
+                _ => return Err(self.unexpected()),
+            });
+        }
+        Ok(acc)
+    }
+
+    fn unary(&mut self) -> Result<Node, ParseError> {
+        if self.eat_sym('-') {
+            self.enter()?;
+            let inner = self.unary()?;
+            self.depth -= 1;
+            return match inner {
+                Node::Num(n) => Ok(Node::Num(-n)),
+                Node::Group(_) => Err(self.unexpected()),
+            };
+        }
+        if self.eat_sym('+') {
+            self.enter()?;
+            let r = self.unary();
+            self.depth -= 1;
+            return r;
+        }
+        self.power()
+    }
+
+    fn power(&mut self) -> Result<Node, ParseError> {
+        let base = self.postfix()?;
+        if self.eat_sym('^') {
+            let Node::Num(b) = base else {
+                return Err(self.unexpected());
+            };
+            self.enter()?;
+            let e = match self.peek() {
+                Some(Tok::Sym('{')) => self.braced()?,
+                Some(Tok::Sym('-')) => {
+                    self.pos += 1;
+                    -self.postfix_num()?
+                }
+                _ => self.postfix_num()?,
+            };
+            self.depth -= 1;
+            return Ok(Node::Num(b.pow(e)));
+        }
+        Ok(base)
+    }
+
+    fn postfix_num(&mut self) -> Result<Num, ParseError> {
+        match self.postfix()? {
+            Node::Num(n) => Ok(n),
+            Node::Group(_) => Err(self.unexpected()),
+        }
+    }
+
+    /// A primary with a trailing `%` or `!`.
+    fn postfix(&mut self) -> Result<Node, ParseError> {
+        let p = self.primary()?;
+        if self.peek() == Some(&Tok::Sym('%')) {
+            self.pos += 1;
+            let Node::Num(mut n) = p else {
+                return Err(self.unexpected());
+            };
+            if n.percent {
+                n = n.resolved();
+            }
+            n.percent = true;
+            return Ok(Node::Num(n));
+        }
+        Ok(p)
+    }
+
+    fn braced(&mut self) -> Result<Num, ParseError> {
+        self.expect_sym('{')?;
+        let n = self.num()?;
+        self.expect_sym('}')?;
+        Ok(n)
+    }
+
+    fn primary(&mut self) -> Result<Node, ParseError> {
+        self.enter()?;
+        let r = self.primary_inner();
+        self.depth -= 1;
+        r
+    }
+
+    fn primary_inner(&mut self) -> Result<Node, ParseError> {
+        let Some(tok) = self.peek().cloned() else {
+            return Err(self.unexpected());
+        };
+        self.pos += 1;
+        match tok {
+            Tok::Num(s) => {
+                let r = Rational::from_decimal(&s);
+                let kind = if s.contains('.') {
+                    Kind::Float
+                } else {
+                    Kind::Integer
+                };
+                let n = match r {
+                    Some(r) => Num::rational(r, kind),
+                    None => Num {
+                        kind,
+                        ..Num::approx(s.parse::<f64>().unwrap_or(f64::NAN))
+                    },
+                };
+                // Mixed number: `2\frac{1}{3}` = 2 + 1/3.
+                if kind == Kind::Integer && matches!(self.peek(), Some(Tok::Cmd(c)) if c == "frac")
+                {
+                    let save = self.pos;
+                    self.pos += 1;
+                    if let Ok((a, b)) = self.frac_args() {
+                        if a.kind == Kind::Integer && b.kind == Kind::Integer {
+                            return Ok(Node::Num(n + a / b));
+                        }
+                    }
+                    self.pos = save;
+                }
+                Ok(Node::Num(n))
+            }
+            Tok::Cmd(c) => match c.as_str() {
+                "frac" => {
+                    let (a, b) = self.frac_args()?;
+                    let bare = matches!(a.kind, Kind::Integer) && matches!(b.kind, Kind::Integer);
+                    let mut q = a / b;
+                    if bare {
+                        q.kind = match q.exact {
+                            Some(r) if r.is_integer() => Kind::Integer,
+                            Some(_) => Kind::Fraction,
+                            None => Kind::Expr,
+                        };
+                    }
+                    Ok(Node::Num(q))
+                }
+                "sqrt" => {
+                    let index = if self.eat_sym('[') {
+                        let n = self.num()?;
+                        self.expect_sym(']')?;
+                        n
+                    } else {
+                        Num::rational(Rational::int(2), Kind::Integer)
+                    };
+                    // TeX reads one token: `\sqrt10` is `\sqrt{1}0`.
+                    let x = match self.peek() {
+                        Some(Tok::Sym('{')) | Some(Tok::Num(_)) => self.frac_arg()?,
+                        _ => self.postfix_num()?,
+                    };
+                    Ok(Node::Num(x.root(index)))
+                }
+                "pi" => Ok(Node::Num(Num::approx(std::f64::consts::PI))),
+                "infty" => Ok(Node::Num(Num::approx(f64::INFINITY))),
+                _ => Err(ParseError::Symbol {
+                    input: self.input.to_string(),
+                    symbol: format!("\\{c}"),
+                }),
+            },
+            Tok::Sym('{') => {
+                let inner = self.expr()?;
+                self.expect_sym('}')?;
+                Ok(inner)
+            }
+            Tok::Sym(open @ ('(' | '[')) => {
+                let items = self.list()?;
+                let close = match self.peek() {
+                    Some(Tok::Sym(c @ (')' | ']'))) => *c,
+                    _ => return Err(self.unexpected()),
+                };
+                self.pos += 1;
+                Ok(bracket(open, close, items))
+            }
+            Tok::SetOpen => {
+                let items = self.list()?;
+                if self.peek() != Some(&Tok::SetClose) {
+                    return Err(self.unexpected());
+                }
+                self.pos += 1;
+                Ok(Node::Group(Answer::Set(items)))
+            }
+            Tok::Letter(c) => Err(ParseError::Symbol {
+                input: self.input.to_string(),
+                symbol: c.to_string(),
+            }),
+            _ => {
+                self.pos -= 1;
+                Err(self.unexpected())
+            }
+        }
+    }
+
+    fn frac_args(&mut self) -> Result<(Num, Num), ParseError> {
+        let a = self.frac_arg()?;
+        let b = self.frac_arg()?;
+        Ok((a, b))
+    }
+
+    /// `{expr}` or a single digit (`\frac12`, `\sqrt2`).
+    fn frac_arg(&mut self) -> Result<Num, ParseError> {
+        if self.peek() == Some(&Tok::Sym('{')) {
+            return self.braced();
+        }
+        match self.peek().cloned() {
+            Some(Tok::Num(s)) => {
+                let first = &s[..1];
+                let rest = &s[1..];
+                if rest.is_empty() {
+                    self.pos += 1;
+                } else {
+                    self.toks[self.pos] = Tok::Num(rest.to_string());
+                }
+                let d = Rational::from_decimal(first).unwrap_or(Rational::int(0));
+                Ok(Num::rational(d, Kind::Integer))
+            }
+            _ => Err(self.unexpected()),
+        }
+    }
+}
+
+fn starts_primary(t: &Tok) -> bool {
+    match t {
+        Tok::Num(_) | Tok::SetOpen => true,
+        Tok::Sym(c) => matches!(c, '(' | '{'),
+        Tok::Cmd(c) => matches!(c.as_str(), "frac" | "sqrt" | "pi" | "infty"),
+        Tok::Letter(_) => true,
+        Tok::SetClose => false,
+    }
+}
+
+fn bracket(open: char, close: char, mut items: Vec<Answer>) -> Node {
+    if items.len() == 1 && open == '(' && close == ')' {
+        return match items.pop() {
+            Some(Answer::Number(n)) => Node::Num(n),
+            Some(other) => Node::Group(other),
+            None => Node::Group(Answer::Tuple(Vec::new())),
+        };
+    }
+    if let [Answer::Number(lo), Answer::Number(hi)] = items.as_slice() {
+        let ordered = lo.resolved().approx < hi.resolved().approx;
+        if open != close || ordered {
+            // `(a, b)` is an open interval only when a < b; `[a, b]` likewise a closed one.
+            if ordered || open != '(' || close != ')' {
+                // An infinite end is always open (sympy: `[-oo, 1]` is `(-oo, 1]`).
+                return Node::Group(Answer::Interval {
+                    lo: *lo,
+                    hi: *hi,
+                    left_open: open == '(' || lo.approx.is_infinite(),
+                    right_open: close == ')' || hi.approx.is_infinite(),
+                });
+            }
+        }
+    }
+    Node::Group(Answer::Tuple(items))
+}
+
+/// Whole-string thousands-separated number such as `1,234,567.5`.
+fn thousands(s: &str) -> Option<String> {
+    let t = s.trim();
+    let (sign, body) = match t.strip_prefix('-') {
+        Some(b) => ("-", b),
+        None => ("", t),
+    };
+    let (ip, fp) = match body.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (body, None),
+    };
+    let groups: Vec<&str> = ip.split(',').collect();
+    if groups.len() < 2
+        || groups[0].is_empty()
+        || groups[0].len() > 3
+        || groups[1..].iter().any(|g| g.len() != 3)
+        || !groups.iter().all(|g| g.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return None;
+    }
+    if let Some(f) = fp {
+        if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+    }
+    let mut out = format!("{sign}{}", groups.concat());
+    if let Some(f) = fp {
+        out.push('.');
+        out.push_str(f);
+    }
+    Some(out)
+}
+
+/// Parse a normalized answer. A top-level `lhs = rhs` keeps only the last right-hand side; a
+/// top-level comma list without brackets is a set.
+pub fn parse_answer(normalized: &str) -> Result<Answer, ParseError> {
+    let s = normalized.trim();
+    if s.is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let owned;
+    let s = match thousands(s) {
+        Some(t) => {
+            owned = t;
+            owned.as_str()
+        }
+        None => s,
+    };
+    let s = last_equation_rhs(s);
+    let mut p = Parser {
+        toks: tokenize(s),
+        pos: 0,
+        depth: 0,
+        input: s,
+    };
+    if p.toks.is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let mut items = p.list()?;
+    if p.pos != p.toks.len() {
+        return Err(p.unexpected());
+    }
+    Ok(if items.len() == 1 {
+        items.pop().unwrap_or(Answer::Set(Vec::new()))
+    } else {
+        Answer::Set(items)
+    })
+}
+
+/// `x = 5` -> `5`; `a = b = 7` -> `7`. Leaves `\le`/`\ge`/`!=` alone.
+fn last_equation_rhs(s: &str) -> &str {
+    if s.contains(',') || s.contains(';') {
+        // `x=1, y=2` is a system, not a chain.
+        return s;
+    }
+    let bytes = s.as_bytes();
+    let mut cut = None;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'=' {
+            let prev = if i > 0 { bytes[i - 1] } else { b' ' };
+            if !matches!(prev, b'<' | b'>' | b'!' | b'\\') {
+                cut = Some(i + 1);
+            }
+        }
+    }
+    match cut {
+        Some(i) if !s[i..].trim().is_empty() => &s[i..],
+        _ => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn num(s: &str) -> Num {
+        match parse_answer(s) {
+            Ok(Answer::Number(n)) => n,
+            other => panic!("{s:?} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn integers_decimals_and_thousands() {
+        assert_eq!(num("42").exact, Some(Rational::int(42)));
+        assert_eq!(num("1,234,567").exact, Some(Rational::int(1_234_567)));
+        assert_eq!(num("-3.75").kind, Kind::Float);
+        assert_eq!(num("-3.75").exact, Rational::new(-15, 4));
+    }
+
+    #[test]
+    fn fractions_mixed_and_expressions() {
+        assert_eq!(num("\\frac{3}{6}").exact, Rational::new(1, 2));
+        assert_eq!(num("\\frac{3}{6}").kind, Kind::Fraction);
+        assert_eq!(num("\\frac12").exact, Rational::new(1, 2));
+        assert_eq!(num("2\\frac{1}{3}").exact, Rational::new(7, 3));
+        assert_eq!(num("2^{10}").exact, Some(Rational::int(1024)));
+        assert_eq!(num("(3+4)\\times 5").exact, Some(Rational::int(35)));
+        assert_eq!(num("3+4\\cdot 5").exact, Some(Rational::int(23)));
+        assert_eq!(num("7/2").exact, Rational::new(7, 2));
+        assert_eq!(num("x = 5").exact, Some(Rational::int(5)));
+    }
+
+    #[test]
+    fn roots_pi_percent() {
+        assert!((num("3\\sqrt{2}").approx - 3.0 * 2f64.sqrt()).abs() < 1e-12);
+        assert_eq!(num("\\sqrt{16}").exact, Some(Rational::int(4)));
+        assert_eq!(num("\\sqrt4").exact, Some(Rational::int(2)));
+        assert_eq!(num("\\sqrt49").exact, Some(Rational::int(18)));
+        assert!((num("\\frac{2\\pi}{3}").approx - 2.0 * std::f64::consts::PI / 3.0).abs() < 1e-12);
+        let p = num("25%");
+        assert!(p.percent && p.exact == Some(Rational::int(25)));
+    }
+
+    #[test]
+    fn intervals_tuples_sets() {
+        assert!(matches!(
+            parse_answer("[1, 5)"),
+            Ok(Answer::Interval {
+                left_open: false,
+                right_open: true,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse_answer("(1, 5)"),
+            Ok(Answer::Interval {
+                left_open: true,
+                ..
+            })
+        ));
+        assert!(matches!(parse_answer("(5, 1)"), Ok(Answer::Tuple(v)) if v.len() == 2));
+        assert!(matches!(parse_answer("(1, 2, 3)"), Ok(Answer::Tuple(v)) if v.len() == 3));
+        assert!(matches!(parse_answer("\\{3, 1\\}"), Ok(Answer::Set(v)) if v.len() == 2));
+        assert!(matches!(parse_answer("3, 1"), Ok(Answer::Set(v)) if v.len() == 2));
+        assert!(matches!(
+            parse_answer("(-\\infty, 3]"),
+            Ok(Answer::Interval { .. })
+        ));
+    }
+
+    #[test]
+    fn errors_are_reported_not_panicked() {
+        assert_eq!(parse_answer("  "), Err(ParseError::Empty));
+        assert!(matches!(
+            parse_answer("x+1"),
+            Err(ParseError::Symbol { .. })
+        ));
+        assert!(parse_answer("((((1").is_err());
+        assert!(matches!(
+            parse_answer(&"(".repeat(500)),
+            Err(ParseError::TooDeep { .. })
+        ));
+    }
+}

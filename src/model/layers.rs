@@ -1,0 +1,513 @@
+//! Building blocks shared by the decoder architectures: linear projections, RMSNorm, rotary
+//! position embeddings, the SwiGLU MLP, grouped-query attention and the explicit KV cache.
+//!
+//! Every block is created from a `tch::nn::Path` whose variable names are the Hugging Face ones
+//! (`q_proj.weight`, `input_layernorm.weight`, …), so a `VarStore` of a model *is* a Hugging Face
+//! state dict and the same weights can be trained with a `tch` optimizer.
+//!
+//! The KV cache is a value the caller owns and passes to `forward` (as `transformers`' `Cache`
+//! objects), not hidden state in the layers: scoring forks and expands caches per batch row.
+
+use tch::{nn, Kind, Tensor};
+
+/// Standard deviation of the normal init of fresh (untrained) weights, as `initializer_range`.
+pub const INIT_STD: f64 = 0.02;
+
+/// `y = x Wᵀ + b` with `W: [out, in]` (the Hugging Face / PyTorch layout).
+#[derive(Debug)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(vs: nn::Path, in_dim: i64, out_dim: i64, bias: bool) -> Self {
+        let init = nn::Init::Randn {
+            mean: 0.,
+            stdev: INIT_STD,
+        };
+        let weight = vs.var("weight", &[out_dim, in_dim], init);
+        let bias = bias.then(|| vs.zeros("bias", &[out_dim]));
+        Linear { weight, bias }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+/// Root-mean-square layer norm, computed in float32 like `transformers` (`Qwen2RMSNorm`).
+#[derive(Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(vs: nn::Path, size: i64, eps: f64) -> Self {
+        RmsNorm {
+            weight: vs.ones("weight", &[size]),
+            eps,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let xf = x.to_kind(Kind::Float);
+        let var = xf.square().mean_dim(-1, true, Kind::Float);
+        (xf * (var + self.eps).rsqrt()).to_kind(kind) * &self.weight
+    }
+}
+
+/// Rotary position embedding (non-interleaved "rotate half" layout of Hugging Face).
+#[derive(Debug)]
+pub struct Rotary {
+    inv_freq: Tensor,
+}
+
+/// `cos`/`sin` tables for one forward call, shaped `[B, 1, L, head_dim]`.
+#[derive(Debug)]
+pub struct RopeTables {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl Rotary {
+    /// `inv_freq = 1 / theta^(2i/d)`, computed in float32 exactly as `transformers` does.
+    pub fn new(head_dim: i64, theta: f64, device: tch::Device) -> Self {
+        let exponent = Tensor::arange_start_step(0, head_dim, 2, (Kind::Int64, device))
+            .to_kind(Kind::Float)
+            / head_dim as f64;
+        let inv_freq = Tensor::pow_scalar(theta, &exponent).reciprocal();
+        Rotary { inv_freq }
+    }
+
+    /// Tables for integer positions `[B, L]`.
+    pub fn tables(&self, positions: &Tensor, kind: Kind) -> RopeTables {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.unsqueeze(0);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
+        RopeTables {
+            cos: emb.cos().to_kind(kind),
+            sin: emb.sin().to_kind(kind),
+        }
+    }
+
+    /// Rotates `x: [B, H, L, head_dim]`.
+    pub fn apply(x: &Tensor, t: &RopeTables) -> Tensor {
+        let half = x.size()[3] / 2;
+        let x1 = x.narrow(3, 0, half);
+        let x2 = x.narrow(3, half, half);
+        let rotated = Tensor::cat(&[&x2.neg(), &x1], 3);
+        x * &t.cos + rotated * &t.sin
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn new(vs: nn::Path, hidden: i64, intermediate: i64, bias: bool) -> Self {
+        Mlp {
+            gate_proj: Linear::new(&vs / "gate_proj", hidden, intermediate, bias),
+            up_proj: Linear::new(&vs / "up_proj", hidden, intermediate, bias),
+            down_proj: Linear::new(&vs / "down_proj", intermediate, hidden, bias),
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let g = self.gate_proj.forward(x).silu();
+        self.down_proj.forward(&(g * self.up_proj.forward(x)))
+    }
+}
+
+/// Which keys each query may see.
+#[derive(Debug)]
+pub enum AttnMask {
+    /// Every cached and new key is visible (one new token per row, no padding).
+    Full,
+    /// Plain causal attention over the new tokens, no cache before them, no padding.
+    Causal,
+    /// Additive bias `[B, 1, L, S]` (0 = visible, a large negative number = hidden), `S` =
+    /// cached + new keys.
+    Bias(Tensor),
+}
+
+/// Keys and values of one layer for a batch: `[B, n_kv_heads, capacity, head_dim]`, of which
+/// the first `len` slots are filled.
+#[derive(Debug)]
+pub struct LayerKv {
+    k: Tensor,
+    v: Tensor,
+    len: i64,
+}
+
+impl LayerKv {
+    /// Appends `[B, n_kv, L, hd]` keys/values (growing the buffers if needed) and returns views
+    /// of everything cached so far.
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let l = k.size()[2];
+        let cap = self.k.size()[2];
+        if self.len + l > cap {
+            let new_cap = (self.len + l).max(cap * 2);
+            let grow = |t: &Tensor| {
+                let mut s = t.size();
+                s[2] = new_cap - cap;
+                Tensor::cat(
+                    &[t, &Tensor::zeros(s.as_slice(), (t.kind(), t.device()))],
+                    2,
+                )
+            };
+            self.k = grow(&self.k);
+            self.v = grow(&self.v);
+        }
+        self.k.narrow(2, self.len, l).copy_(k);
+        self.v.narrow(2, self.len, l).copy_(v);
+        self.len += l;
+        (self.k.narrow(2, 0, self.len), self.v.narrow(2, 0, self.len))
+    }
+
+    /// Filled keys and values, `[B, n_kv, len, hd]`.
+    pub fn kv(&self) -> (Tensor, Tensor) {
+        (self.k.narrow(2, 0, self.len), self.v.narrow(2, 0, self.len))
+    }
+}
+
+/// The KV cache of a whole model for a batch of rows; explicit state owned by the caller.
+#[derive(Debug)]
+pub struct KvCache {
+    pub layers: Vec<LayerKv>,
+}
+
+impl KvCache {
+    /// An empty cache with room for `capacity` tokens per row (it grows if exceeded).
+    pub fn new(
+        n_layers: i64,
+        batch: i64,
+        n_kv_heads: i64,
+        head_dim: i64,
+        capacity: i64,
+        kind: Kind,
+        device: tch::Device,
+    ) -> Self {
+        let shape = [batch, n_kv_heads, capacity.max(1), head_dim];
+        let layers = (0..n_layers)
+            .map(|_| LayerKv {
+                k: Tensor::zeros(shape, (kind, device)),
+                v: Tensor::zeros(shape, (kind, device)),
+                len: 0,
+            })
+            .collect();
+        KvCache { layers }
+    }
+
+    /// Tokens cached per row.
+    pub fn len(&self) -> i64 {
+        self.layers.first().map_or(0, |l| l.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows in the cache.
+    pub fn batch(&self) -> i64 {
+        self.layers.first().map_or(0, |l| l.k.size()[0])
+    }
+
+    /// A new cache holding rows `rows` of this one (repeats allowed: expands a shared prefix to
+    /// a batch), with `extra` free slots for new tokens. The source is untouched (a fork).
+    pub fn select_rows(&self, rows: &[i64], extra: i64) -> KvCache {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let idx = Tensor::from_slice(rows).to_device(l.k.device());
+                let take = |t: &Tensor| {
+                    let filled = t.narrow(2, 0, l.len).index_select(0, &idx);
+                    let mut s = filled.size();
+                    s[2] = extra.max(1);
+                    Tensor::cat(
+                        &[
+                            &filled,
+                            &Tensor::zeros(s.as_slice(), (t.kind(), t.device())),
+                        ],
+                        2,
+                    )
+                };
+                LayerKv {
+                    k: take(&l.k),
+                    v: take(&l.v),
+                    len: l.len,
+                }
+            })
+            .collect();
+        KvCache { layers }
+    }
+}
+
+/// Options that distinguish the attention blocks of the architectures.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnOptions {
+    pub n_heads: i64,
+    pub n_kv_heads: i64,
+    pub head_dim: i64,
+    /// Bias on q/k/v projections (Qwen2).
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+    /// RMSNorm over each head of q and k before RoPE (Qwen3), with this epsilon.
+    pub qk_norm_eps: Option<f64>,
+}
+
+/// Multi-head attention with grouped key/value heads and rotary embeddings.
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    o: AttnOptions,
+}
+
+impl Attention {
+    pub fn new(vs: nn::Path, hidden: i64, o: AttnOptions) -> Self {
+        let (h, kv, d) = (o.n_heads, o.n_kv_heads, o.head_dim);
+        Attention {
+            q_proj: Linear::new(&vs / "q_proj", hidden, h * d, o.qkv_bias),
+            k_proj: Linear::new(&vs / "k_proj", hidden, kv * d, o.qkv_bias),
+            v_proj: Linear::new(&vs / "v_proj", hidden, kv * d, o.qkv_bias),
+            o_proj: Linear::new(&vs / "o_proj", h * d, hidden, o.o_bias),
+            q_norm: o
+                .qk_norm_eps
+                .map(|eps| RmsNorm::new(&vs / "q_norm", d, eps)),
+            k_norm: o
+                .qk_norm_eps
+                .map(|eps| RmsNorm::new(&vs / "k_norm", d, eps)),
+            o,
+        }
+    }
+
+    /// Projects `x: [B, L, D]` to rotated `q: [B, H, L, hd]` and `k, v: [B, KV, L, hd]`.
+    fn qkv(&self, x: &Tensor, rope: &RopeTables) -> (Tensor, Tensor, Tensor) {
+        let (b, l) = (x.size()[0], x.size()[1]);
+        let heads = |t: Tensor, n: i64| t.view([b, l, n, self.o.head_dim]);
+        let mut q = heads(self.q_proj.forward(x), self.o.n_heads);
+        let mut k = heads(self.k_proj.forward(x), self.o.n_kv_heads);
+        let v = heads(self.v_proj.forward(x), self.o.n_kv_heads).transpose(1, 2);
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q);
+            k = kn.forward(&k);
+        }
+        let q = Rotary::apply(&q.transpose(1, 2), rope);
+        let k = Rotary::apply(&k.transpose(1, 2), rope);
+        (q, k, v)
+    }
+
+    /// Repeats key/value heads to match the query heads (grouped-query attention).
+    fn repeat_kv(&self, t: &Tensor) -> Tensor {
+        let groups = self.o.n_heads / self.o.n_kv_heads;
+        if groups == 1 {
+            return t.shallow_clone();
+        }
+        let s = t.size();
+        t.unsqueeze(2)
+            .expand([s[0], s[1], groups, s[2], s[3]], false)
+            .reshape([s[0], s[1] * groups, s[2], s[3]])
+    }
+
+    fn out(&self, y: &Tensor) -> Tensor {
+        let s = y.size();
+        let y = y.transpose(1, 2).reshape([s[0], s[2], s[1] * s[3]]);
+        self.o_proj.forward(&y)
+    }
+
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        mask: &AttnMask,
+        cache: Option<&mut LayerKv>,
+    ) -> Tensor {
+        let (q, k, v) = self.qkv(x, rope);
+        let (k, v) = match cache {
+            Some(c) => c.append(&k, &v),
+            None => (k, v),
+        };
+        let (k, v) = (self.repeat_kv(&k), self.repeat_kv(&v));
+        let y = match mask {
+            AttnMask::Full => Tensor::scaled_dot_product_attention::<Tensor>(
+                &q, &k, &v, None, 0., false, None, false,
+            ),
+            AttnMask::Causal => Tensor::scaled_dot_product_attention::<Tensor>(
+                &q, &k, &v, None, 0., true, None, false,
+            ),
+            AttnMask::Bias(b) => {
+                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(b), 0., false, None, false)
+            }
+        };
+        self.out(&y)
+    }
+
+    /// Attention for many continuations that share one prefix: `x: [M, L, D]` are the
+    /// continuation tokens; `prefix_k/v: [1, KV, N, hd]` the shared prefix (computed once);
+    /// `prefix_bias: [M, 1, 1, N]` hides the prefix keys beyond each row's cut point and
+    /// `own_bias: [M, 1, L, L]` is causal attention within the continuation (plus padding).
+    pub fn forward_shared_prefix(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        prefix_k: &Tensor,
+        prefix_v: &Tensor,
+        prefix_bias: &Tensor,
+        own_bias: &Tensor,
+    ) -> Tensor {
+        let (q, k, v) = self.qkv(x, rope);
+        let (pk, pv) = (self.repeat_kv(prefix_k), self.repeat_kv(prefix_v));
+        let (k, v) = (self.repeat_kv(&k), self.repeat_kv(&v));
+        let scale = 1.0 / (self.o.head_dim as f64).sqrt();
+        // Scores against the shared prefix without materialising it per row: fold the M rows
+        // into the query-length dimension, `[H, M*L, hd] @ [H, hd, N]`.
+        let (m, h, l, d) = (q.size()[0], q.size()[1], q.size()[2], q.size()[3]);
+        let q_fold = q.permute([1, 0, 2, 3]).reshape([h, m * l, d]);
+        let n_prefix = pk.size()[2];
+        let s_prefix = (q_fold.matmul(&pk.squeeze_dim(0).transpose(-1, -2)) * scale)
+            .view([h, m, l, n_prefix])
+            .permute([1, 0, 2, 3])
+            + prefix_bias;
+        let s_own = q.matmul(&k.transpose(-1, -2)) * scale + own_bias;
+        let n = s_prefix.size()[3];
+        let p = Tensor::cat(&[&s_prefix, &s_own], -1)
+            .to_kind(Kind::Float)
+            .softmax(-1, Kind::Float)
+            .to_kind(q.kind());
+        let own_len = s_own.size()[3];
+        let p_prefix = p
+            .narrow(-1, 0, n)
+            .permute([1, 0, 2, 3])
+            .reshape([h, m * l, n]);
+        let y_prefix = p_prefix
+            .matmul(&pv.squeeze_dim(0))
+            .view([h, m, l, d])
+            .permute([1, 0, 2, 3]);
+        let y = y_prefix + p.narrow(-1, n, own_len).matmul(&v);
+        self.out(&y)
+    }
+}
+
+/// One pre-norm transformer block.
+#[derive(Debug)]
+pub struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    pub fn new(
+        vs: nn::Path,
+        hidden: i64,
+        intermediate: i64,
+        eps: f64,
+        attn: AttnOptions,
+        mlp_bias: bool,
+    ) -> Self {
+        DecoderLayer {
+            input_layernorm: RmsNorm::new(&vs / "input_layernorm", hidden, eps),
+            self_attn: Attention::new(&vs / "self_attn", hidden, attn),
+            post_attention_layernorm: RmsNorm::new(&vs / "post_attention_layernorm", hidden, eps),
+            mlp: Mlp::new(&vs / "mlp", hidden, intermediate, mlp_bias),
+        }
+    }
+
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        mask: &AttnMask,
+        cache: Option<&mut LayerKv>,
+    ) -> Tensor {
+        let h = x + self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x), rope, mask, cache);
+        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h))
+    }
+
+    pub fn forward_shared_prefix(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        prefix: &LayerKv,
+        prefix_bias: &Tensor,
+        own_bias: &Tensor,
+    ) -> Tensor {
+        let (pk, pv) = prefix.kv();
+        let h = x + self.self_attn.forward_shared_prefix(
+            &self.input_layernorm.forward(x),
+            rope,
+            &pk,
+            &pv,
+            prefix_bias,
+            own_bias,
+        );
+        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_formula() {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let n = RmsNorm::new(vs.root() / "n", 4, 1e-6);
+        let x = Tensor::from_slice(&[1.0f32, 2., 3., 4.]).view([1, 4]);
+        let y = n.forward(&x);
+        let rms = ((1. + 4. + 9. + 16.) / 4.0f64 + 1e-6).sqrt();
+        let got = Vec::<f32>::try_from(y.view([-1])).unwrap();
+        for (i, g) in got.iter().enumerate() {
+            assert!((*g as f64 - (i + 1) as f64 / rms).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_is_relative() {
+        let rot = Rotary::new(8, 10000.0, tch::Device::Cpu);
+        let q = Tensor::randn([1, 1, 1, 8], (Kind::Float, tch::Device::Cpu));
+        let k = Tensor::randn([1, 1, 1, 8], (Kind::Float, tch::Device::Cpu));
+        let at = |x: &Tensor, p: i64| {
+            Rotary::apply(
+                x,
+                &rot.tables(&Tensor::from_slice(&[p]).view([1, 1]), Kind::Float),
+            )
+        };
+        let n0 = q.norm().double_value(&[]);
+        let n1 = at(&q, 7).norm().double_value(&[]);
+        assert!((n0 - n1).abs() < 1e-5);
+        // <R(a)q, R(b)k> depends only on a - b.
+        let d1 = (at(&q, 3) * at(&k, 1)).sum(Kind::Float).double_value(&[]);
+        let d2 = (at(&q, 12) * at(&k, 10)).sum(Kind::Float).double_value(&[]);
+        assert!((d1 - d2).abs() < 1e-4, "{d1} vs {d2}");
+    }
+
+    #[test]
+    fn cache_grows_and_forks() {
+        let mut c = KvCache::new(1, 2, 1, 2, 1, Kind::Float, tch::Device::Cpu);
+        let k = Tensor::ones([2, 1, 3, 2], (Kind::Float, tch::Device::Cpu));
+        let (kk, _) = c.layers[0].append(&k, &k);
+        assert_eq!(kk.size(), vec![2, 1, 3, 2]);
+        assert_eq!(c.len(), 3);
+        let f = c.select_rows(&[1, 1, 0], 4);
+        assert_eq!(f.batch(), 3);
+        assert_eq!(f.len(), 3);
+        assert_eq!(c.batch(), 2);
+    }
+}

@@ -1,0 +1,165 @@
+//! Decoder language models on `tch` (libtorch): Qwen2, Qwen3 and Llama (SmolLM2), loaded from
+//! Hugging Face directories or GGUF files, with batched KV-cache sampling and batched prefix
+//! scoring. Compiled only with the `ml` feature and linked only into `rredcot-worker`.
+//!
+//! Owns: architectures ([`decoder`], [`layers`], [`qwen2`], [`qwen3`], [`llama`]), weights
+//! ([`weights`], [`gguf`]), [`tokenizer`], [`generate`] and [`score`]. Knows nothing of the
+//! engine, stages or artifacts: stages call [`load`], [`generate::generate`],
+//! [`score::score_cuts`] and use [`decoder::DecoderLm::forward`] with gradients for training.
+
+pub mod config;
+pub mod decoder;
+pub mod error;
+pub mod generate;
+pub mod gguf;
+pub mod layers;
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+pub mod score;
+pub mod tokenizer;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind};
+
+pub use config::{Arch, ModelConfig};
+pub use decoder::DecoderLm;
+pub use error::{ModelError, Result};
+pub use generate::{generate, FinishReason, Generation, SamplingParams};
+pub use layers::KvCache;
+pub use score::{logprob, score_cuts, score_cuts_naive};
+pub use tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+
+/// Where to run. `Auto` = CUDA device 0 if libtorch sees one, else CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// Parameter dtype. `Auto` = bfloat16 on CUDA, float32 on CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DtypeChoice {
+    #[default]
+    Auto,
+    F32,
+    Bf16,
+}
+
+/// How to load a model (stage params map onto this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LoadOptions {
+    #[serde(default)]
+    pub device: DeviceChoice,
+    #[serde(default)]
+    pub dtype: DtypeChoice,
+}
+
+impl LoadOptions {
+    pub fn device(&self) -> Result<Device> {
+        match self.device {
+            DeviceChoice::Auto => Ok(Device::cuda_if_available()),
+            DeviceChoice::Cpu => Ok(Device::Cpu),
+            DeviceChoice::Cuda if tch::Cuda::is_available() => Ok(Device::Cuda(0)),
+            DeviceChoice::Cuda => Err(ModelError::Request(
+                "device = cuda but libtorch sees no CUDA device".into(),
+            )),
+        }
+    }
+
+    pub fn kind(&self, device: Device) -> Kind {
+        match (self.dtype, device) {
+            (DtypeChoice::F32, _) | (DtypeChoice::Auto, Device::Cpu) => Kind::Float,
+            _ => Kind::BFloat16,
+        }
+    }
+}
+
+/// A model with its tokenizer, ready to generate or score.
+#[derive(Debug)]
+pub struct LoadedModel {
+    pub model: DecoderLm,
+    /// `None` for a Hugging Face directory without `tokenizer.json`.
+    pub tokenizer: Option<Tokenizer>,
+    pub source: PathBuf,
+}
+
+/// The chat template used for an architecture's checkpoints.
+pub fn default_template(arch: Arch) -> ChatTemplate {
+    match arch {
+        Arch::Qwen2 | Arch::Qwen3 => ChatTemplate::Qwen,
+        Arch::Llama => ChatTemplate::SmolLm2,
+    }
+}
+
+/// EOS ids of `generation_config.json` (if present), else of the config.
+fn eos_ids(dir: &Path, cfg: &ModelConfig) -> Result<Vec<i64>> {
+    let path = dir.join("generation_config.json");
+    if !path.exists() {
+        return Ok(cfg.eos_token_ids.clone());
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::config(&path, e.to_string()))?;
+    Ok(match v.get("eos_token_id") {
+        Some(serde_json::Value::Number(n)) => n.as_i64().into_iter().collect(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_i64()).collect(),
+        _ => cfg.eos_token_ids.clone(),
+    })
+}
+
+/// Loads a Hugging Face checkpoint directory or a `.gguf` file.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let device = opts.device()?;
+    let (mut model, tokenizer) = if path.is_dir() {
+        let cfg = ModelConfig::from_file(&path.join("config.json"))?;
+        let mut model = DecoderLm::new(&cfg, device);
+        weights::load_safetensors_dir(&mut model, path)?;
+        let tok_path = path.join("tokenizer.json");
+        let tokenizer = if tok_path.exists() {
+            Some(Tokenizer::from_file(
+                &tok_path,
+                default_template(cfg.arch),
+                eos_ids(path, &cfg)?,
+            )?)
+        } else {
+            None
+        };
+        (model, tokenizer)
+    } else {
+        let g = gguf::GgufModel::load(path, device)?;
+        (g.model, Some(g.tokenizer))
+    };
+    let kind = opts.kind(device);
+    if kind != Kind::Float {
+        model.set_kind(kind);
+    }
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        source: path.into(),
+    })
+}
+
+/// Saves a model (and tokenizer) as a Hugging Face checkpoint directory loadable by
+/// `transformers.AutoModelForCausalLM.from_pretrained`.
+pub fn save(model: &DecoderLm, tokenizer: Option<&Tokenizer>, dir: &Path) -> Result<()> {
+    weights::save_hf(model, dir)?;
+    if let Some(t) = tokenizer {
+        t.save(&dir.join("tokenizer.json"))?;
+    }
+    let gen = serde_json::json!({
+        "bos_token_id": model.cfg.bos_token_id,
+        "eos_token_id": tokenizer.map_or(model.cfg.eos_token_ids.clone(), |t| t.eos_ids.clone()),
+    });
+    let p = dir.join("generation_config.json");
+    std::fs::write(&p, serde_json::to_string_pretty(&gen).expect("json"))
+        .map_err(|e| ModelError::io(&p, e))
+}

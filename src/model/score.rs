@@ -1,0 +1,361 @@
+//! Teacher-forced scoring: log-probabilities of continuations given prefixes.
+//!
+//! - [`logprob`]: many independent (prefix, continuation) pairs, right-padded into batches.
+//! - [`score_cuts`]: the RREDCoT special case (DESIGN §5). One trace `x, u_1..u_T`, cut points
+//!   `c_0 < … < c_T` and targets (y*, u*): every `log p(target | trace[..c])`. The trace is run
+//!   **once**; its per-layer keys/values are then shared by all (cut, target) rows, each row
+//!   attending to the trace keys before its cut (a block mask) and causally to its own target.
+//! - [`score_cuts_naive`]: the test oracle, one full prefill per (cut, target).
+
+use tch::{Device, Kind, Tensor};
+
+use super::decoder::{causal_bias, DecoderLm, MASKED};
+use super::error::{ModelError, Result};
+use super::layers::AttnMask;
+
+/// Most (row × token) positions whose logits are materialised at once.
+const LOGIT_ROWS: i64 = 1024;
+
+fn non_finite_check(t: &Tensor, row: usize) -> Result<()> {
+    if t.isfinite().all().int64_value(&[]) == 0 {
+        return Err(ModelError::NonFinite { row, step: 0 });
+    }
+    Ok(())
+}
+
+/// Log-probability of `targets: [M, L]` under `logits: [M, L, V]` (float32 result `[M, L]`).
+fn gather_logprobs(logits: &Tensor, targets: &Tensor) -> Tensor {
+    logits
+        .to_kind(Kind::Float)
+        .log_softmax(-1, Kind::Float)
+        .gather(-1, &targets.unsqueeze(-1), false)
+        .squeeze_dim(-1)
+}
+
+/// Per-token `log p(continuation_i | prefix_i)` for every pair, in batches of `batch_size`.
+pub fn logprob(
+    model: &DecoderLm,
+    pairs: &[(Vec<i64>, Vec<i64>)],
+    batch_size: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let dev = model.device();
+    let mut out = Vec::with_capacity(pairs.len());
+    for (chunk_i, chunk) in pairs.chunks(batch_size.max(1)).enumerate() {
+        let base = chunk_i * batch_size.max(1);
+        for (i, (pre, cont)) in chunk.iter().enumerate() {
+            if pre.is_empty() {
+                return Err(ModelError::Request(format!(
+                    "row {}: empty prefix",
+                    base + i
+                )));
+            }
+            model.check_ids(pre, base + i, cont.len())?;
+            model.check_ids(cont, base + i, pre.len())?;
+        }
+        let b = chunk.len() as i64;
+        let len = chunk
+            .iter()
+            .map(|(p, c)| p.len() + c.len())
+            .max()
+            .unwrap_or(1) as i64;
+        let mut ids = vec![0i64; (b * len) as usize];
+        let mut mask = vec![0i64; (b * len) as usize];
+        for (r, (p, c)) in chunk.iter().enumerate() {
+            for (j, t) in p.iter().chain(c.iter()).enumerate() {
+                ids[r * len as usize + j] = *t;
+                mask[r * len as usize + j] = 1;
+            }
+        }
+        let ids = Tensor::from_slice(&ids).view([b, len]).to_device(dev);
+        let mask = Tensor::from_slice(&mask).view([b, len]).to_device(dev);
+        let pos = Tensor::arange(len, (Kind::Int64, dev))
+            .unsqueeze(0)
+            .expand([b, len], false);
+        let rows = tch::no_grad(|| {
+            let bias = causal_bias(b, len, 0, Some(&mask), model.kind(), dev);
+            let h = model.hidden(&ids, &pos, &AttnMask::Bias(bias), None);
+            let mut rows = Vec::with_capacity(chunk.len());
+            for (r, (p, c)) in chunk.iter().enumerate() {
+                if c.is_empty() {
+                    rows.push(Ok(vec![]));
+                    continue;
+                }
+                let hr = h
+                    .get(r as i64)
+                    .narrow(0, p.len() as i64 - 1, c.len() as i64);
+                let logits = model.logits(&hr);
+                if let Err(e) = non_finite_check(&logits, base + r) {
+                    rows.push(Err(e));
+                    continue;
+                }
+                let tgt = Tensor::from_slice(c).to_device(dev);
+                let lp = gather_logprobs(&logits.unsqueeze(0), &tgt.unsqueeze(0)).view([-1]);
+                rows.push(Ok(
+                    Vec::<f32>::try_from(lp.to_device(Device::Cpu)).unwrap_or_default()
+                ));
+            }
+            rows
+        });
+        for r in rows {
+            out.push(r?);
+        }
+    }
+    Ok(out)
+}
+
+fn validate_cuts(
+    model: &DecoderLm,
+    trace: &[i64],
+    cuts: &[usize],
+    targets: &[Vec<i64>],
+) -> Result<()> {
+    let longest = targets.iter().map(Vec::len).max().unwrap_or(0);
+    model.check_ids(trace, 0, longest)?;
+    for (i, t) in targets.iter().enumerate() {
+        if t.is_empty() {
+            return Err(ModelError::Request(format!("target {i} is empty")));
+        }
+        model.check_ids(t, i, trace.len())?;
+    }
+    if let Some(bad) = cuts.iter().find(|&&c| c == 0 || c > trace.len()) {
+        return Err(ModelError::Request(format!(
+            "cut point {bad} outside 1..={} (the trace length)",
+            trace.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `out[i][j] = log p(targets[j] | trace[..cuts[i]])` (summed over the target's tokens), with the
+/// trace prefix computed once and shared (see the module docs).
+pub fn score_cuts(
+    model: &DecoderLm,
+    trace: &[i64],
+    cuts: &[usize],
+    targets: &[Vec<i64>],
+) -> Result<Vec<Vec<f64>>> {
+    validate_cuts(model, trace, cuts, targets)?;
+    let dev = model.device();
+    let kind = model.kind();
+    let n = trace.len() as i64;
+    tch::no_grad(|| -> Result<Vec<Vec<f64>>> {
+        // 1. The trace once, keeping its keys/values and hidden states.
+        let mut prefix = model.new_cache(1, n);
+        let ids = Tensor::from_slice(trace).view([1, n]).to_device(dev);
+        let pos = Tensor::arange(n, (Kind::Int64, dev)).view([1, n]);
+        let h = model.hidden(&ids, &pos, &AttnMask::Causal, Some(&mut prefix));
+        // 2. First target token of every (cut, target) from the trace's hidden state at c - 1.
+        let last: Vec<i64> = cuts.iter().map(|&c| c as i64 - 1).collect();
+        let h_cut = h
+            .get(0)
+            .index_select(0, &Tensor::from_slice(&last).to_device(dev));
+        let first_lp = model
+            .logits(&h_cut)
+            .to_kind(Kind::Float)
+            .log_softmax(-1, Kind::Float); // [C, V]
+        non_finite_check(&first_lp, 0)?;
+        let mut out = vec![vec![0f64; targets.len()]; cuts.len()];
+        for (i, row) in out.iter_mut().enumerate() {
+            for (j, t) in targets.iter().enumerate() {
+                row[j] = first_lp.double_value(&[i as i64, t[0]]);
+            }
+        }
+        // 3. The remaining target tokens: rows (cut, target) attend to the shared prefix. Rows
+        //    are grouped by target so a chunk is padded only to its own target's length.
+        for (j, target) in targets.iter().enumerate() {
+            let own = target.len() as i64 - 1;
+            if own == 0 {
+                continue;
+            }
+            let pairs: Vec<(usize, usize)> = (0..cuts.len()).map(|i| (i, j)).collect();
+            let per_chunk = (LOGIT_ROWS / own).max(1) as usize;
+            for chunk in pairs.chunks(per_chunk) {
+                let m = chunk.len() as i64;
+                let mut inp = vec![0i64; (m * own) as usize];
+                let mut tgt = vec![0i64; (m * own) as usize];
+                let mut valid = vec![0f64; (m * own) as usize];
+                let mut positions = vec![0i64; (m * own) as usize];
+                let mut cut_of = vec![0i64; m as usize];
+                for (r, &(i, j)) in chunk.iter().enumerate() {
+                    let t = &targets[j];
+                    cut_of[r] = cuts[i] as i64;
+                    for k in 0..own as usize {
+                        let at = r * own as usize + k;
+                        positions[at] = cuts[i] as i64 + k as i64;
+                        if k + 1 < t.len() {
+                            inp[at] = t[k];
+                            tgt[at] = t[k + 1];
+                            valid[at] = 1.0;
+                        }
+                    }
+                }
+                let inp = Tensor::from_slice(&inp).view([m, own]).to_device(dev);
+                let tgt = Tensor::from_slice(&tgt).view([m, own]).to_device(dev);
+                let positions = Tensor::from_slice(&positions).view([m, own]).to_device(dev);
+                let cut_t = Tensor::from_slice(&cut_of)
+                    .view([m, 1, 1, 1])
+                    .to_device(dev);
+                let keys = Tensor::arange(n, (Kind::Int64, dev)).view([1, 1, 1, n]);
+                let prefix_bias = Tensor::zeros([m, 1, 1, n], (kind, dev))
+                    .masked_fill(&keys.ge_tensor(&cut_t), MASKED);
+                let own_bias = causal_bias(1, own, 0, None, kind, dev);
+                let hid =
+                    model.hidden_shared_prefix(&inp, &positions, &prefix, &prefix_bias, &own_bias);
+                let logits = model.logits(&hid);
+                non_finite_check(&logits, 0)?;
+                let lp = gather_logprobs(&logits, &tgt)
+                    * Tensor::from_slice(&valid).view([m, own]).to_device(dev);
+                let sums = Vec::<f64>::try_from(
+                    lp.sum_dim_intlist(-1, false, Kind::Double)
+                        .to_device(Device::Cpu),
+                )
+                .map_err(|e| ModelError::Request(format!("reading scores: {e}")))?;
+                for (r, &(i, j)) in chunk.iter().enumerate() {
+                    out[i][j] += sums[r];
+                }
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Test oracle for [`score_cuts`]: one independent full prefill of `trace[..c] ++ target` per
+/// (cut, target), logits only where the target is predicted.
+pub fn score_cuts_naive(
+    model: &DecoderLm,
+    trace: &[i64],
+    cuts: &[usize],
+    targets: &[Vec<i64>],
+) -> Result<Vec<Vec<f64>>> {
+    validate_cuts(model, trace, cuts, targets)?;
+    let dev = model.device();
+    tch::no_grad(|| {
+        let mut out = vec![vec![0f64; targets.len()]; cuts.len()];
+        for (i, &c) in cuts.iter().enumerate() {
+            for (j, t) in targets.iter().enumerate() {
+                let seq: Vec<i64> = trace[..c].iter().chain(t.iter()).copied().collect();
+                let len = seq.len() as i64;
+                let ids = Tensor::from_slice(&seq).view([1, len]).to_device(dev);
+                let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
+                let h = model.hidden(&ids, &pos, &AttnMask::Causal, None);
+                let logits = model.logits(&h.narrow(1, c as i64 - 1, t.len() as i64));
+                non_finite_check(&logits, i)?;
+                let tgt = Tensor::from_slice(t).view([1, -1]).to_device(dev);
+                out[i][j] = gather_logprobs(&logits, &tgt)
+                    .sum(Kind::Double)
+                    .double_value(&[]);
+            }
+        }
+        Ok(out)
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::config::{Arch, ModelConfig};
+
+    /// A small random model with enough weight scale that logits are far from uniform.
+    pub(crate) fn tiny_model(arch: Arch, seed: i64) -> DecoderLm {
+        tch::manual_seed(seed);
+        let cfg = ModelConfig {
+            arch,
+            vocab_size: 61,
+            hidden_size: 32,
+            intermediate_size: 48,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 8,
+            max_position_embeddings: 512,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            tie_word_embeddings: arch != Arch::Qwen3,
+            qkv_bias: arch == Arch::Qwen2,
+            o_bias: false,
+            mlp_bias: false,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+            pad_token_id: None,
+        };
+        let m = DecoderLm::new(&cfg, Device::Cpu);
+        tch::no_grad(|| {
+            for (_, mut v) in m.vs.variables() {
+                let r = Tensor::randn(v.size(), (Kind::Float, Device::Cpu)) * 0.3;
+                v.copy_(&r);
+            }
+        });
+        m
+    }
+
+    fn rand_ids(n: usize, vocab: i64, seed: u64) -> Vec<i64> {
+        use rand::{Rng, SeedableRng};
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..n).map(|_| r.random_range(0..vocab)).collect()
+    }
+
+    #[test]
+    fn kv_shared_scoring_equals_naive_oracle() {
+        for (k, arch) in [Arch::Qwen2, Arch::Qwen3, Arch::Llama]
+            .into_iter()
+            .enumerate()
+        {
+            let m = tiny_model(arch, k as i64);
+            let trace = rand_ids(90, 61, 7 + k as u64);
+            let cuts = [1usize, 5, 17, 40, 41, 77, 90];
+            let targets = vec![rand_ids(1, 61, 1), rand_ids(6, 61, 2), rand_ids(11, 61, 3)];
+            let fast = score_cuts(&m, &trace, &cuts, &targets).unwrap();
+            let slow = score_cuts_naive(&m, &trace, &cuts, &targets).unwrap();
+            let mut worst = 0f64;
+            for (a, b) in fast.iter().flatten().zip(slow.iter().flatten()) {
+                worst = worst.max((a - b).abs());
+            }
+            assert!(worst <= 1e-4, "{arch:?}: max |Δ| {worst}");
+            // The values are informative (not all equal), so the comparison can fail.
+            assert!((slow[0][1] - slow[6][1]).abs() > 1e-3);
+        }
+    }
+
+    #[test]
+    fn batched_logprob_equals_per_pair_oracle() {
+        let m = tiny_model(Arch::Qwen2, 3);
+        let pairs: Vec<(Vec<i64>, Vec<i64>)> = (0..5)
+            .map(|i| {
+                (
+                    rand_ids(3 + 4 * i, 61, i as u64),
+                    rand_ids(2 + i, 61, 100 + i as u64),
+                )
+            })
+            .collect();
+        let batched = logprob(&m, &pairs, 4).unwrap();
+        for (i, (p, c)) in pairs.iter().enumerate() {
+            let one = score_cuts_naive(
+                &m,
+                &[p.clone(), vec![]].concat(),
+                &[p.len()],
+                std::slice::from_ref(c),
+            )
+            .unwrap();
+            let sum: f64 = batched[i].iter().map(|&x| x as f64).sum();
+            assert_eq!(batched[i].len(), c.len());
+            assert!(
+                (sum - one[0][0]).abs() < 1e-4,
+                "pair {i}: {sum} vs {}",
+                one[0][0]
+            );
+        }
+    }
+
+    #[test]
+    fn bad_requests_are_errors_not_panics() {
+        let m = tiny_model(Arch::Llama, 4);
+        let trace = rand_ids(10, 61, 1);
+        assert!(score_cuts(&m, &trace, &[0], &[vec![1]]).is_err());
+        assert!(score_cuts(&m, &trace, &[11], &[vec![1]]).is_err());
+        assert!(score_cuts(&m, &trace, &[3], &[vec![]]).is_err());
+        assert!(score_cuts(&m, &trace, &[3], &[vec![61]]).is_err());
+        let long = rand_ids(600, 61, 2);
+        let e = score_cuts(&m, &long, &[3], &[vec![1]]).unwrap_err();
+        assert!(matches!(e, ModelError::ContextOverflow { .. }), "{e}");
+    }
+}

@@ -1,0 +1,858 @@
+//! `import`: prompts from a JSONL or Parquet file in one of the common dataset layouts, as a
+//! `prompts` artifact (DESIGN.md §4).
+//!
+//! Layouts (`layout` param; `auto` picks by the columns present):
+//! - `verl`: `prompt` (chat messages), `reward_model.ground_truth` (answer), solution from
+//!   `extra_info.solution`, else `extra_info.answer` when it is a worked `… #### N` text;
+//!   `data_source` names the source.
+//! - `hf`: `problem`, `solution`, `answer`.
+//! - `gsm8k`: `question`, and `answer` holding a worked solution ending in `#### N`: the solution
+//!   is the text before `####`, the answer is `N`.
+//!
+//! `prompt_col`, `solution_col`, `answer_col`, `id_col` override a layout's columns (dotted paths
+//! reach into nested objects/structs; `none` means the dataset has no such column). Columns not
+//! used go into `meta` with the file name and row. A mapping naming a column the file lacks is an
+//! error naming file and column; rows with non-UTF-8 text or no prompt are skipped and counted
+//! (`skipped_non_utf8`, `skipped_no_prompt`), rows without solution or answer are kept with
+//! nulls and counted (`missing_solution`, `missing_answer`) for `filter` to judge.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context};
+use arrow::array::{Array, AsArray, GenericBinaryArray, OffsetSizeTrait, RecordBatch};
+use arrow::datatypes::{
+    DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type,
+    UInt32Type, UInt64Type, UInt8Type,
+};
+use serde_json::{json, Map, Value};
+
+use crate::artifact::rows::PromptRow;
+use crate::artifact::{read_batches, write_rows, Schema};
+use crate::engine::StageContext;
+
+/// One data row of the source file: its JSON object, or why it could not be read.
+#[derive(Debug)]
+pub enum SourceRow {
+    Ok(Map<String, Value>),
+    /// Text that is not UTF-8 (a JSONL line, or a Parquet binary cell), with where it is.
+    NonUtf8(String),
+}
+
+/// The rows of a JSONL (`.jsonl`, `.ndjson`, `.json` with one object per line or one array of
+/// objects) or Parquet file, and the column names seen (top level).
+pub fn read_source(path: &Path) -> anyhow::Result<(Vec<SourceRow>, BTreeSet<String>)> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    match ext.as_str() {
+        "parquet" => read_parquet(path),
+        "jsonl" | "json" | "ndjson" => read_jsonl(path),
+        _ => bail!(
+            "{}: unknown dataset format (expected .jsonl, .json, .ndjson or .parquet)",
+            path.display()
+        ),
+    }
+}
+
+fn read_jsonl(path: &Path) -> anyhow::Result<(Vec<SourceRow>, BTreeSet<String>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("{}: reading", path.display()))?;
+    let mut rows = Vec::new();
+    let mut columns = BTreeSet::new();
+    if bytes.trim_ascii_start().starts_with(b"[") {
+        // A `.json` file holding one array of objects.
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|e| anyhow!("{}: not UTF-8 at byte {}", path.display(), e.valid_up_to()))?;
+        let items: Vec<Value> = serde_json::from_str(text)
+            .map_err(|e| anyhow!("{}: invalid JSON array: {e}", path.display()))?;
+        for (i, v) in items.into_iter().enumerate() {
+            let Value::Object(obj) = v else {
+                bail!("{}: element {i}: expected a JSON object", path.display());
+            };
+            columns.extend(obj.keys().cloned());
+            rows.push(SourceRow::Ok(obj));
+        }
+        return Ok((rows, columns));
+    }
+    for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        let line_no = i + 1;
+        let Ok(text) = std::str::from_utf8(line) else {
+            rows.push(SourceRow::NonUtf8(format!(
+                "{}: line {line_no}",
+                path.display()
+            )));
+            continue;
+        };
+        if text.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| anyhow!("{}: line {line_no}: invalid JSON: {e}", path.display()))?;
+        let Value::Object(obj) = v else {
+            bail!(
+                "{}: line {line_no}: expected a JSON object per line",
+                path.display()
+            );
+        };
+        columns.extend(obj.keys().cloned());
+        rows.push(SourceRow::Ok(obj));
+    }
+    Ok((rows, columns))
+}
+
+fn read_parquet(path: &Path) -> anyhow::Result<(Vec<SourceRow>, BTreeSet<String>)> {
+    let batch = read_batches(path)?;
+    let columns: BTreeSet<String> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    Ok((batch_rows(path, &batch)?, columns))
+}
+
+/// Rows of a record batch as JSON objects.
+fn batch_rows(path: &Path, batch: &RecordBatch) -> anyhow::Result<Vec<SourceRow>> {
+    let n = batch.num_rows();
+    let mut bad: Vec<Option<String>> = vec![None; n];
+    let mut objs: Vec<Map<String, Value>> = vec![Map::new(); n];
+    for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        let values = to_json(col.as_ref())
+            .map_err(|m| anyhow!("{}: column `{}`: {m}", path.display(), field.name()))?;
+        for (row, v) in values.into_iter().enumerate() {
+            match v {
+                Err(()) => {
+                    bad[row].get_or_insert_with(|| {
+                        format!("{}: row {row}, column `{}`", path.display(), field.name())
+                    });
+                }
+                Ok(v) => {
+                    objs[row].insert(field.name().clone(), v);
+                }
+            }
+        }
+    }
+    Ok(objs
+        .into_iter()
+        .zip(bad)
+        .map(|(o, b)| {
+            if let Some(w) = b {
+                SourceRow::NonUtf8(w)
+            } else {
+                SourceRow::Ok(o)
+            }
+        })
+        .collect())
+}
+
+/// JSON values of an Arrow array; `Err(())` marks a binary cell that is not UTF-8.
+#[allow(clippy::result_unit_err)]
+fn to_json(arr: &dyn Array) -> Result<Vec<Result<Value, ()>>, String> {
+    let n = arr.len();
+    macro_rules! prim {
+        ($t:ty) => {{
+            let a = arr.as_primitive::<$t>();
+            (0..n)
+                .map(|i| {
+                    Ok(if a.is_null(i) {
+                        Value::Null
+                    } else {
+                        json!(a.value(i))
+                    })
+                })
+                .collect()
+        }};
+    }
+    Ok(match arr.data_type() {
+        DataType::Null => vec![Ok(Value::Null); n],
+        DataType::Boolean => {
+            let a = arr.as_boolean();
+            (0..n)
+                .map(|i| {
+                    Ok(if a.is_null(i) {
+                        Value::Null
+                    } else {
+                        Value::Bool(a.value(i))
+                    })
+                })
+                .collect()
+        }
+        DataType::Int8 => prim!(Int8Type),
+        DataType::Int16 => prim!(Int16Type),
+        DataType::Int32 => prim!(Int32Type),
+        DataType::Int64 => prim!(Int64Type),
+        DataType::UInt8 => prim!(UInt8Type),
+        DataType::UInt16 => prim!(UInt16Type),
+        DataType::UInt32 => prim!(UInt32Type),
+        DataType::UInt64 => prim!(UInt64Type),
+        DataType::Float32 => prim!(Float32Type),
+        DataType::Float64 => prim!(Float64Type),
+        DataType::Utf8 => {
+            let a = arr.as_string::<i32>();
+            (0..n)
+                .map(|i| {
+                    Ok(if a.is_null(i) {
+                        Value::Null
+                    } else {
+                        Value::String(a.value(i).to_string())
+                    })
+                })
+                .collect()
+        }
+        DataType::LargeUtf8 => {
+            let a = arr.as_string::<i64>();
+            (0..n)
+                .map(|i| {
+                    Ok(if a.is_null(i) {
+                        Value::Null
+                    } else {
+                        Value::String(a.value(i).to_string())
+                    })
+                })
+                .collect()
+        }
+        DataType::Utf8View => {
+            let a = arr.as_string_view();
+            (0..n)
+                .map(|i| {
+                    Ok(if a.is_null(i) {
+                        Value::Null
+                    } else {
+                        Value::String(a.value(i).to_string())
+                    })
+                })
+                .collect()
+        }
+        DataType::Binary => binary_values(arr.as_binary::<i32>()),
+        DataType::LargeBinary => binary_values(arr.as_binary::<i64>()),
+        DataType::Struct(fields) => {
+            let a = arr.as_struct();
+            let mut out: Vec<Result<Value, ()>> =
+                (0..n).map(|_| Ok(Value::Object(Map::new()))).collect();
+            for (f, child) in fields.iter().zip(a.columns()) {
+                for (i, v) in to_json(child.as_ref())?.into_iter().enumerate() {
+                    match (v, &mut out[i]) {
+                        (Ok(v), Ok(Value::Object(o))) => {
+                            o.insert(f.name().clone(), v);
+                        }
+                        (Err(()), slot) => *slot = Err(()),
+                        _ => {}
+                    }
+                }
+            }
+            (0..n)
+                .map(|i| {
+                    if a.is_null(i) {
+                        Ok(Value::Null)
+                    } else {
+                        std::mem::replace(&mut out[i], Ok(Value::Null))
+                    }
+                })
+                .collect()
+        }
+        DataType::List(_) | DataType::LargeList(_) => {
+            let (values, offsets): (_, Vec<usize>) = match arr.data_type() {
+                DataType::List(_) => {
+                    let a = arr.as_list::<i32>();
+                    (
+                        a.values().clone(),
+                        a.value_offsets().iter().map(|o| *o as usize).collect(),
+                    )
+                }
+                _ => {
+                    let a = arr.as_list::<i64>();
+                    (
+                        a.values().clone(),
+                        a.value_offsets().iter().map(|o| *o as usize).collect(),
+                    )
+                }
+            };
+            let inner = to_json(values.as_ref())?;
+            (0..n)
+                .map(|i| {
+                    if arr.is_null(i) {
+                        return Ok(Value::Null);
+                    }
+                    inner[offsets[i]..offsets[i + 1]]
+                        .iter()
+                        .cloned()
+                        .collect::<Result<Vec<Value>, ()>>()
+                        .map(Value::Array)
+                })
+                .collect()
+        }
+        t => return Err(format!("unsupported Parquet type {t}")),
+    })
+}
+
+/// Binary cells as UTF-8 strings; `Err(())` for one that is not UTF-8.
+fn binary_values<O: OffsetSizeTrait>(a: &GenericBinaryArray<O>) -> Vec<Result<Value, ()>> {
+    (0..a.len())
+        .map(|i| {
+            if a.is_null(i) {
+                Ok(Value::Null)
+            } else {
+                std::str::from_utf8(a.value(i))
+                    .map(|s| Value::String(s.to_string()))
+                    .map_err(|_| ())
+            }
+        })
+        .collect()
+}
+
+/// Dataset layouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Verl,
+    Hf,
+    Gsm8k,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::Verl => "verl",
+            Layout::Hf => "hf",
+            Layout::Gsm8k => "gsm8k",
+        }
+    }
+
+    /// The layout named by the param, or guessed from the columns.
+    pub fn pick(param: &str, columns: &BTreeSet<String>, file: &Path) -> anyhow::Result<Layout> {
+        Ok(match param {
+            "verl" => Layout::Verl,
+            "hf" => Layout::Hf,
+            "gsm8k" => Layout::Gsm8k,
+            "auto" => {
+                let has = |c: &str| columns.contains(c);
+                if has("prompt") && has("reward_model") {
+                    Layout::Verl
+                } else if has("problem") {
+                    Layout::Hf
+                } else if has("question") && has("answer") {
+                    Layout::Gsm8k
+                } else {
+                    bail!(
+                        "{}: cannot guess the layout from columns [{}]; set `layout` (verl|hf|gsm8k) and the column params",
+                        file.display(),
+                        columns.iter().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                }
+            }
+            other => bail!("import: unknown layout `{other}` (expected auto, verl, hf or gsm8k)"),
+        })
+    }
+}
+
+/// Which column holds what; `None` means absent.
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub layout: Layout,
+    pub prompt: String,
+    pub solution: Option<String>,
+    /// For `gsm8k`: the worked `… #### N` column.
+    pub answer: Option<String>,
+    pub id: Option<String>,
+    /// verl only: the solution fallback (`extra_info.answer`).
+    pub solution_fallback: Option<String>,
+}
+
+impl Mapping {
+    /// Layout defaults, overridden by non-empty params (`none` = no such column).
+    pub fn new(layout: Layout, prompt: &str, solution: &str, answer: &str, id: &str) -> Mapping {
+        let pick = |param: &str, default: Option<&str>| -> Option<String> {
+            match param {
+                "" => default.map(str::to_string),
+                "none" => None,
+                p => Some(p.to_string()),
+            }
+        };
+        let (p, s, a) = match layout {
+            Layout::Verl => (
+                "prompt",
+                Some("extra_info.solution"),
+                Some("reward_model.ground_truth"),
+            ),
+            Layout::Hf => ("problem", Some("solution"), Some("answer")),
+            Layout::Gsm8k => ("question", None, Some("answer")),
+        };
+        Mapping {
+            layout,
+            prompt: pick(prompt, Some(p)).unwrap_or_else(|| p.to_string()),
+            solution: pick(solution, s),
+            answer: pick(answer, a),
+            id: pick(id, None),
+            solution_fallback: (layout == Layout::Verl && solution.is_empty())
+                .then(|| "extra_info.answer".to_string()),
+        }
+    }
+
+    /// Every explicitly mapped column must exist in the file (its top-level part, for dotted
+    /// paths). The verl solution column is optional since verl datasets often lack it.
+    fn check(&self, columns: &BTreeSet<String>, file: &Path) -> anyhow::Result<()> {
+        let mut required: Vec<(&str, &String)> = vec![("prompt", &self.prompt)];
+        if let Some(a) = &self.answer {
+            required.push(("answer", a));
+        }
+        if let Some(s) = self
+            .solution
+            .as_ref()
+            .filter(|_| self.layout != Layout::Verl)
+        {
+            required.push(("solution", s));
+        }
+        if let Some(i) = &self.id {
+            required.push(("id", i));
+        }
+        for (what, col) in required {
+            let top = col.split('.').next().unwrap_or(col);
+            if !columns.contains(top) {
+                bail!(
+                    "{}: the {what} column `{col}` ({} layout) is not in the file (columns: {}); set `{what}_col` (or `none`)",
+                    file.display(),
+                    self.layout.name(),
+                    columns.iter().cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Top-level columns consumed whole; parents of dotted paths (e.g. `extra_info`) stay in meta.
+    fn top_level_used(&self) -> HashSet<String> {
+        [
+            Some(&self.prompt),
+            self.solution.as_ref(),
+            self.answer.as_ref(),
+            self.id.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|c| !c.contains('.'))
+        .cloned()
+        .collect()
+    }
+}
+
+fn get_path<'a>(row: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
+    let mut parts = path.split('.');
+    let mut cur = row.get(parts.next()?)?;
+    for p in parts {
+        cur = cur.get(p)?;
+    }
+    Some(cur)
+}
+
+/// Text of a cell: strings as they are, numbers printed, null/empty as `None`, other JSON as JSON.
+fn cell_text(v: Option<&Value>) -> Option<String> {
+    let s = match v? {
+        Value::Null => return None,
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => other.to_string(),
+    };
+    (!s.trim().is_empty()).then_some(s)
+}
+
+/// A prompt cell: plain text, or chat messages kept as a JSON array of `{role, content}`.
+fn prompt_value(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::Array(msgs) => {
+            let clean: Vec<Value> = msgs
+                .iter()
+                .filter_map(|m| Some(json!({"role": m.get("role")?.as_str()?, "content": m.get("content")?.as_str()?})))
+                .collect();
+            let has_user_text = clean.iter().any(|m| {
+                m["role"] == "user" && !m["content"].as_str().unwrap_or("").trim().is_empty()
+            });
+            has_user_text.then(|| Value::Array(clean).to_string())
+        }
+        other => cell_text(Some(other)),
+    }
+}
+
+/// Split a GSM8K worked answer `… #### N` into (solution, answer).
+pub fn split_gsm8k(worked: &str) -> (Option<String>, Option<String>) {
+    match worked.rsplit_once("####") {
+        Some((sol, ans)) => {
+            let sol = sol.trim();
+            let ans = ans.trim();
+            (
+                (!sol.is_empty()).then(|| sol.to_string()),
+                (!ans.is_empty()).then(|| ans.to_string()),
+            )
+        }
+        None => (
+            (!worked.trim().is_empty()).then(|| worked.trim().to_string()),
+            None,
+        ),
+    }
+}
+
+/// Import counters (skips and gaps), in the order they are reported.
+#[derive(Debug, Default, PartialEq)]
+pub struct ImportReport {
+    pub rows_read: i64,
+    pub skipped_non_utf8: i64,
+    pub skipped_no_prompt: i64,
+    pub missing_solution: i64,
+    pub missing_answer: i64,
+}
+
+/// Convert source rows into prompt rows.
+pub fn convert(
+    file: &Path,
+    rows: Vec<SourceRow>,
+    columns: &BTreeSet<String>,
+    m: &Mapping,
+    source: &str,
+) -> anyhow::Result<(Vec<PromptRow>, ImportReport)> {
+    m.check(columns, file)?;
+    let used = m.top_level_used();
+    let file_name = file
+        .file_name()
+        .map(|f| f.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let mut rep = ImportReport::default();
+    let mut out = Vec::new();
+    let mut ids: BTreeMap<String, usize> = BTreeMap::new();
+    for (row_idx, r) in rows.into_iter().enumerate() {
+        rep.rows_read += 1;
+        let obj = match r {
+            SourceRow::Ok(o) => o,
+            SourceRow::NonUtf8(w) => {
+                eprintln!("import: skipping row with non-UTF-8 text at {w}");
+                rep.skipped_non_utf8 += 1;
+                continue;
+            }
+        };
+        let Some(prompt) = prompt_value(get_path(&obj, &m.prompt)) else {
+            rep.skipped_no_prompt += 1;
+            continue;
+        };
+        let (solution, answer) = match m.layout {
+            Layout::Gsm8k => match m.answer.as_ref().and_then(|a| cell_text(get_path(&obj, a))) {
+                Some(worked) => split_gsm8k(&worked),
+                None => (None, None),
+            },
+            _ => {
+                let answer = m.answer.as_ref().and_then(|a| cell_text(get_path(&obj, a)));
+                let mut solution = m
+                    .solution
+                    .as_ref()
+                    .and_then(|s| cell_text(get_path(&obj, s)));
+                if solution.is_none() {
+                    if let Some(worked) = m
+                        .solution_fallback
+                        .as_ref()
+                        .and_then(|s| cell_text(get_path(&obj, s)))
+                        .filter(|w| w.contains("####"))
+                    {
+                        solution = split_gsm8k(&worked).0;
+                    }
+                }
+                (solution, answer)
+            }
+        };
+        rep.missing_solution += solution.is_none() as i64;
+        rep.missing_answer += answer.is_none() as i64;
+        let id = match &m.id {
+            Some(c) => cell_text(get_path(&obj, c)).ok_or_else(|| {
+                anyhow!(
+                    "{}: row {row_idx}: id column `{c}` is empty",
+                    file.display()
+                )
+            })?,
+            None => format!("{source}-{row_idx:05}"),
+        };
+        if let Some(prev) = ids.insert(id.clone(), row_idx) {
+            bail!(
+                "{}: rows {prev} and {row_idx} share the id `{id}` (column `{}`)",
+                file.display(),
+                m.id.as_deref().unwrap_or("-")
+            );
+        }
+        let row_source = match m.layout {
+            Layout::Verl => cell_text(obj.get("data_source")).unwrap_or_else(|| source.to_string()),
+            _ => source.to_string(),
+        };
+        let extra: Map<String, Value> =
+            obj.into_iter().filter(|(k, _)| !used.contains(k)).collect();
+        let meta =
+            json!({"file": file_name, "row": row_idx, "layout": m.layout.name(), "extra": extra});
+        out.push(PromptRow {
+            id,
+            prompt,
+            answer,
+            solution,
+            source: row_source,
+            meta: meta.to_string(),
+        });
+    }
+    Ok((out, rep))
+}
+
+/// Stage `import`: input `source` (a file), output `prompts`.
+pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
+    let path = ctx.input("source")?.to_path_buf();
+    if !path.is_file() {
+        bail!(
+            "{}: import needs a single JSONL or Parquet file",
+            path.display()
+        );
+    }
+    let (rows, columns) = read_source(&path)?;
+    let layout = Layout::pick(&ctx.param::<String>("layout")?, &columns, &path)?;
+    let m = Mapping::new(
+        layout,
+        &ctx.param::<String>("prompt_col")?,
+        &ctx.param::<String>("solution_col")?,
+        &ctx.param::<String>("answer_col")?,
+        &ctx.param::<String>("id_col")?,
+    );
+    let source: String = ctx.param("source")?;
+    let source = if source.is_empty() {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_else(|| "import".into())
+    } else {
+        source
+    };
+    let (out, rep) = convert(&path, rows, &columns, &m, &source)?;
+    ctx.count("rows_read", rep.rows_read);
+    ctx.count("skipped_non_utf8", rep.skipped_non_utf8);
+    ctx.count("skipped_no_prompt", rep.skipped_no_prompt);
+    ctx.count("missing_solution", rep.missing_solution);
+    ctx.count("missing_answer", rep.missing_answer);
+    ctx.metric("layout", layout.name());
+    if out.is_empty() {
+        bail!(
+            "{}: no usable rows ({rep:?}); an empty dataset is not imported",
+            path.display()
+        );
+    }
+    write_rows(ctx.output("prompts")?, Schema::Prompts, &out)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, BinaryArray, Int64Array, ListArray, StringArray, StructArray};
+    use arrow::buffer::OffsetBuffer;
+    use arrow::datatypes::{Field, Fields};
+
+    use super::*;
+
+    fn import(
+        path: &Path,
+        layout: &str,
+        cols: [&str; 4],
+    ) -> anyhow::Result<(Vec<PromptRow>, ImportReport)> {
+        let (rows, columns) = read_source(path)?;
+        let l = Layout::pick(layout, &columns, path)?;
+        let m = Mapping::new(l, cols[0], cols[1], cols[2], cols[3]);
+        convert(path, rows, &columns, &m, "test")
+    }
+
+    fn data(rel: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data").join(rel)
+    }
+
+    #[test]
+    fn gsm8k_fixture_imports_every_row_with_its_marker_answer() {
+        let (rows, rep) = import(
+            &data("gsm8k-mgs/gsm8k-mgs-eng.jsonl"),
+            "auto",
+            ["", "", "", ""],
+        )
+        .unwrap();
+        assert_eq!(rows.len(), 100);
+        assert_eq!(
+            rep,
+            ImportReport {
+                rows_read: 100,
+                ..Default::default()
+            }
+        );
+        let first = &rows[0];
+        assert!(first.prompt.starts_with("Benny saw a 10-foot shark"));
+        assert_eq!(first.answer.as_deref(), Some("10"));
+        let sol = first.solution.as_deref().unwrap();
+        assert!(
+            sol.starts_with("First, find") && sol.ends_with("= 10%"),
+            "{sol}"
+        );
+        assert!(!sol.contains("####"));
+        let meta: Value = serde_json::from_str(&first.meta).unwrap();
+        assert_eq!(meta["extra"]["id_orig"], 473);
+        assert_eq!(meta["layout"], "gsm8k");
+        assert_eq!(first.id, "test-00000");
+    }
+
+    #[test]
+    fn verl_fixture_keeps_chat_prompts_and_ground_truth() {
+        let (rows, rep) = import(&data("layouts/verl.jsonl"), "auto", ["", "", "", ""]).unwrap();
+        assert_eq!(rows.len(), 3);
+        let msgs: Value = serde_json::from_str(&rows[0].prompt).unwrap();
+        assert_eq!(msgs[1]["role"], "user");
+        assert_eq!(rows[0].answer.as_deref(), Some("72"));
+        assert_eq!(rows[0].source, "openai/gsm8k");
+        // extra_info.answer (worked, with ####) is the solution fallback; a numeric ground truth
+        // is printed as text; a row without either has no solution.
+        assert!(rows[0]
+            .solution
+            .as_deref()
+            .unwrap()
+            .ends_with("72 clips altogether in April and May."));
+        assert_eq!(rows[1].answer.as_deref(), Some("10"));
+        assert_eq!(
+            rows[1].solution.as_deref(),
+            Some("Half of 20 is 10.\nThe answer is 10.")
+        );
+        assert_eq!(rows[2].solution, None);
+        assert_eq!(rep.missing_solution, 1);
+        let meta: Value = serde_json::from_str(&rows[0].meta).unwrap();
+        assert_eq!(meta["extra"]["extra_info"]["index"], 0);
+    }
+
+    #[test]
+    fn hf_fixture_and_explicit_columns() {
+        let (rows, rep) = import(&data("layouts/hf.jsonl"), "auto", ["", "", "", ""]).unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].answer.as_deref(), Some("\\frac{1}{2}"));
+        assert_eq!(rep.missing_answer, 1);
+        // Explicit mapping: id column and no solution column.
+        let (rows, rep) = import(&data("layouts/hf.jsonl"), "hf", ["", "none", "", "uid"]).unwrap();
+        assert_eq!(rows[1].id, "b");
+        assert!(rows.iter().all(|r| r.solution.is_none()));
+        assert_eq!(rep.missing_solution, 3);
+    }
+
+    #[test]
+    fn mapping_a_missing_column_names_file_and_column() {
+        let err = import(&data("layouts/hf.jsonl"), "hf", ["", "", "final", ""])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("hf.jsonl") && err.contains("`final`") && err.contains("problem"),
+            "{err}"
+        );
+        let err = import(
+            &data("gsm8k-mgs/gsm8k-mgs-eng.jsonl"),
+            "verl",
+            ["", "", "", ""],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("`prompt`"), "{err}");
+    }
+
+    #[test]
+    fn bad_rows_are_counted_and_bad_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.jsonl");
+        let mut bytes = br#"{"question": "What is 1+1?", "answer": "1+1=2\n#### 2"}"#.to_vec();
+        bytes.extend_from_slice(b"\n{\"question\": \"caf\xe9?\", \"answer\": \"#### 1\"}\n");
+        bytes.extend_from_slice(b"{\"question\": \"\", \"answer\": \"#### 3\"}\n");
+        bytes.extend_from_slice(b"{\"question\": \"No marker\", \"answer\": \"just text\"}\n\n");
+        bytes.extend_from_slice(b"{\"question\": \"Empty\", \"answer\": null}\n");
+        std::fs::write(&p, &bytes).unwrap();
+        let (rows, rep) = import(&p, "gsm8k", ["", "", "", ""]).unwrap();
+        assert_eq!(
+            rep,
+            ImportReport {
+                rows_read: 5,
+                skipped_non_utf8: 1,
+                skipped_no_prompt: 1,
+                missing_solution: 1,
+                missing_answer: 2
+            }
+        );
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[1].solution.as_deref(), Some("just text"));
+        assert_eq!(rows[1].answer, None);
+
+        std::fs::write(&p, "{\"question\": \"q\", \"answer\": \"a\"}\n{oops\n").unwrap();
+        let err = import(&p, "gsm8k", ["", "", "", ""])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bad.jsonl: line 2: invalid JSON"), "{err}");
+        let arr = dir.path().join("arr.json");
+        std::fs::write(
+            &arr,
+            "[\n {\"problem\": \"p\", \"solution\": \"s 1\", \"answer\": 1}\n]\n",
+        )
+        .unwrap();
+        let (rows, _) = import(&arr, "auto", ["", "", "", ""]).unwrap();
+        assert_eq!(rows[0].answer.as_deref(), Some("1"));
+        let csv = dir.path().join("x.csv");
+        std::fs::write(&csv, "a,b\n").unwrap();
+        assert!(import(&csv, "auto", ["", "", "", ""])
+            .unwrap_err()
+            .to_string()
+            .contains("unknown dataset format"));
+    }
+
+    /// A verl-style Parquet file: `prompt` list<struct<role, content>>, `reward_model` struct,
+    /// a binary column with one non-UTF-8 cell.
+    #[test]
+    fn verl_parquet_with_nested_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("verl.parquet");
+        let msg_fields = Fields::from(vec![
+            Field::new("role", DataType::Utf8, false),
+            Field::new("content", DataType::Utf8, false),
+        ]);
+        let msgs = StructArray::new(
+            msg_fields.clone(),
+            vec![
+                Arc::new(StringArray::from(vec!["user", "user"])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["What is 6*7?", "What is 2+2?"])),
+            ],
+            None,
+        );
+        let prompt = ListArray::new(
+            Arc::new(Field::new("item", DataType::Struct(msg_fields), false)),
+            OffsetBuffer::from_lengths([1, 1]),
+            Arc::new(msgs),
+            None,
+        );
+        let rm_fields = Fields::from(vec![
+            Field::new("ground_truth", DataType::Utf8, false),
+            Field::new("style", DataType::Utf8, false),
+        ]);
+        let rm = StructArray::new(
+            rm_fields,
+            vec![
+                Arc::new(StringArray::from(vec!["42", "4"])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["rule", "rule"])),
+            ],
+            None,
+        );
+        let note = BinaryArray::from(vec![b"ok".as_ref(), b"\xff\xfe".as_ref()]);
+        let idx = Int64Array::from(vec![7, 8]);
+        let batch = RecordBatch::try_from_iter(vec![
+            ("prompt", Arc::new(prompt) as ArrayRef),
+            ("reward_model", Arc::new(rm) as ArrayRef),
+            ("note", Arc::new(note) as ArrayRef),
+            ("index", Arc::new(idx) as ArrayRef),
+        ])
+        .unwrap();
+        crate::artifact::write_batch(&p, &batch).unwrap();
+        let (rows, rep) = import(&p, "auto", ["", "", "", "index"]).unwrap();
+        assert_eq!(rep.skipped_non_utf8, 1);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].id, "7");
+        assert_eq!(rows[0].answer.as_deref(), Some("42"));
+        assert_eq!(
+            rows[0].prompt,
+            r#"[{"content":"What is 6*7?","role":"user"}]"#
+        );
+        let meta: Value = serde_json::from_str(&rows[0].meta).unwrap();
+        assert_eq!(meta["extra"]["note"], "ok");
+    }
+}

