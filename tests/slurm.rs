@@ -501,10 +501,11 @@ fn slurm_memory_limit_is_reported() {
     }
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    // `tail` buffers all of a newline-free stream: about 600 MB against a 50 MB limit.
+    // `tail` buffers all of a newline-free stream: about 600 MB against a 50 MB limit. Depending on
+    // the cluster's enforcement Slurm kills the whole job or only `tail`; `&&` makes either a failure.
     write(
         &dir.path().join("stages/hog.toml"),
-        "command = \"head -c 600M /dev/zero | tail > /dev/null; echo done > {outputs.out}/x\"\n\
+        "command = \"head -c 600M /dev/zero | tail > /dev/null && echo done > {outputs.out}/x\"\n\
          [outputs]\nout = \"dir\"\n[resources]\nmem = \"50MB\"\n",
     );
     let pipeline = dir.path().join("pipelines/hog.toml");

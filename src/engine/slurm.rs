@@ -506,6 +506,13 @@ impl SlurmExecutor {
                         );
                     }
                 }
+                s if TERMINAL.contains(&s) && self.store.record(&key).is_some() => {
+                    // The stage exited 0 and committed; Slurm still flags the job when one of its
+                    // child processes was killed (e.g. OOM of a subprocess the stage survived).
+                    let id = job.id.clone();
+                    eprintln!("warning: Slurm job {id} ended {s}, but its stage exited 0 and committed the instance");
+                    self.finish(&key, true, String::new());
+                }
                 s if TERMINAL.contains(&s) => {
                     let id = job.id.clone();
                     let said = std::fs::read_to_string(&job.slurm_out).unwrap_or_default();
