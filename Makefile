@@ -38,14 +38,14 @@ $(TEST_STAMP): $(TORCH_STAMP)
 test-deps: $(TEST_STAMP)
 
 build: $(TORCH_STAMP)
-	$(CARGO) build --release --all-features
+	$(CARGO) build --release --workspace --bins
 
 run: build
 	./target/release/rredcot --store $(STORE) pipeline run pipelines/quickstart.toml
 
 test: $(TORCH_STAMP) $(TEST_STAMP)
-	$(CARGO) build --all-features --bins
-	$(CARGO) test --all-features -- --test-threads=2
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace -- --test-threads=2
 
 bench: build $(TEST_STAMP)
 	bash bench/run.sh

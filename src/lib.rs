@@ -5,12 +5,12 @@
 //! - [`artifact`]: Parquet schemas shared by stages
 //! - [`stages`]: builtin stage functions
 //! - [`math`]: math answer verifier (extraction, normalization, equivalence)
-//! - `model` (feature `ml`): tch decoder LMs
+//!
+//! This package never depends on tch: the model core and ML stages are the `rredcot-ml` package
+//! (`ml/`), linked only into `rredcot-worker`.
 
 pub mod artifact;
 pub mod cli;
 pub mod engine;
 pub mod math;
-#[cfg(feature = "ml")]
-pub mod model;
 pub mod stages;

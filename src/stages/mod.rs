@@ -1,6 +1,6 @@
 //! Builtin stage functions, one module per stage kind, and the catalog of their names and code
 //! versions. The catalog is plain data so the engine binary can compute keys for ML stages
-//! without linking them; their code lives behind the `ml` feature in the worker binary.
+//! without linking them; their code lives in the `rredcot-ml` package (`ml/`), run by `rredcot-worker`.
 
 pub mod demo;
 pub mod filter;
@@ -39,13 +39,4 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
     })
 }
 
-/// Builtins of the ML worker (light ones included).
-#[cfg(feature = "ml")]
-pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
-    light_builtin(name)
-}
-
 pub const LIGHT_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: light_builtin };
-
-#[cfg(feature = "ml")]
-pub const FULL_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: full_builtin };

