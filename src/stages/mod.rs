@@ -22,6 +22,7 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "tokenizer_train", version: "1", needs_ml: false },
     BuiltinInfo { name: "import", version: "1", needs_ml: false },
     BuiltinInfo { name: "filter", version: "1", needs_ml: false },
+    BuiltinInfo { name: "bootstrap_sft", version: "1", needs_ml: true },
 ];
 
 /// Builtins that run without libtorch.

@@ -1,0 +1,266 @@
+//! `bootstrap_sft`: trains the default world's tiny Qwen2 model from scratch on generated problems
+//! with their worked solutions, so the RL stages have a policy without any model download.
+//!
+//! Each example is the chat prompt (`<|im_start|>user … <|im_end|>` + assistant header) followed by
+//! the reference solution and `<|im_end|>`; the loss is next-token cross-entropy on the solution
+//! tokens only. AdamW, linear warmup then cosine decay to `min_lr_ratio`, gradient clipping. After
+//! training, greedy decoding on the first `eval_n` eval problems gives the accuracy recorded in the
+//! run record (`metrics.eval_accuracy`). Deterministic for the same inputs, params and threads.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rredcot::artifact::rows::PromptRow;
+use rredcot::artifact::{read_rows, Schema};
+use rredcot::engine::StageContext;
+use rredcot::stages::prompt_text::prompt_text;
+use tch::nn::OptimizerConfig;
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::model::{self, ChatMessage, ChatTemplate, DecoderLm, ModelConfig, SamplingParams, Tokenizer};
+
+/// Architecture knobs of the model trained here (stage params of the same names).
+struct Shape {
+    layers: i64,
+    hidden: i64,
+    heads: i64,
+    kv_heads: i64,
+    intermediate: i64,
+    max_len: i64,
+}
+
+fn qwen2_config(shape: &Shape, tok: &Tokenizer) -> Result<ModelConfig> {
+    let vocab = tok.vocab_size() as i64;
+    let bos = tok.inner.token_to_id("<|im_start|>").map(i64::from);
+    let json = serde_json::json!({
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "vocab_size": vocab,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "max_position_embeddings": shape.max_len,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": true,
+        "hidden_act": "silu",
+        "bos_token_id": bos,
+        "eos_token_id": tok.eos_ids.first().copied(),
+        "torch_dtype": "float32",
+    });
+    Ok(ModelConfig::from_json_str(&json.to_string(), Path::new("<bootstrap_sft config>"))?)
+}
+
+/// Prompt ids and the ids of the solution (the trained part) of one problem.
+fn encode_example(tok: &Tokenizer, row: &PromptRow) -> Result<(Vec<i64>, Vec<i64>)> {
+    let prompt = tok.encode_chat(&[ChatMessage::new("user", &prompt_text(&row.prompt))], true)?;
+    let solution = row
+        .solution
+        .as_deref()
+        .filter(|s| !s.trim().is_empty())
+        .with_context(|| format!("problem {}: no reference solution to train on", row.id))?;
+    let target = tok.encode(&format!("{solution}<|im_end|>"))?;
+    Ok((prompt, target))
+}
+
+/// Learning rate at `step` (0-based): linear warmup, then cosine from `lr` to `lr * min_ratio`.
+pub fn lr_at(step: usize, steps: usize, warmup: usize, lr: f64, min_ratio: f64) -> f64 {
+    if step < warmup {
+        return lr * (step + 1) as f64 / warmup as f64;
+    }
+    let t = (step - warmup) as f64 / (steps - warmup).max(1) as f64;
+    let cos = 0.5 * (1.0 + (std::f64::consts::PI * t.min(1.0)).cos());
+    lr * (min_ratio + (1.0 - min_ratio) * cos)
+}
+
+/// One right-padded batch: input ids, targets shifted by one, and the loss mask (solution tokens).
+fn batch_tensors(examples: &[&(Vec<i64>, Vec<i64>)], pad: i64, device: Device) -> (Tensor, Tensor, Tensor) {
+    let len = examples.iter().map(|(p, t)| p.len() + t.len() - 1).max().unwrap_or(1);
+    let (mut ids, mut targets, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+    for (p, t) in examples {
+        let full: Vec<i64> = p.iter().chain(t.iter()).copied().collect();
+        for i in 0..len {
+            ids.push(*full.get(i).unwrap_or(&pad));
+            targets.push(*full.get(i + 1).unwrap_or(&pad));
+            // Position i predicts token i+1; train only where that token is part of the solution.
+            mask.push(if i + 1 >= p.len() && i + 1 < full.len() { 1f32 } else { 0f32 });
+        }
+    }
+    let b = examples.len() as i64;
+    let shape = [b, len as i64];
+    (
+        Tensor::from_slice(&ids).view(shape).to(device),
+        Tensor::from_slice(&targets).view(shape).to(device),
+        Tensor::from_slice(&mask).view(shape).to(device),
+    )
+}
+
+/// Mean cross-entropy over the masked positions.
+fn masked_loss(model: &DecoderLm, ids: &Tensor, targets: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let logits = model.forward(ids, None, None)?;
+    let logp = logits.log_softmax(-1, Kind::Float);
+    let nll = -logp.gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
+    Ok((nll * mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0))
+}
+
+/// Greedy accuracy of `model` on `rows` (answers checked with the math verifier).
+pub fn greedy_accuracy(model: &DecoderLm, tok: &Tokenizer, rows: &[PromptRow], max_new_tokens: usize, batch: usize) -> Result<(f64, usize)> {
+    let params = SamplingParams { temperature: 0.0, max_new_tokens, ..SamplingParams::default() };
+    let mut correct = 0usize;
+    let mut tokens = 0usize;
+    for chunk in rows.chunks(batch.max(1)) {
+        let prompts = chunk
+            .iter()
+            .map(|r| tok.encode_chat(&[ChatMessage::new("user", &prompt_text(&r.prompt))], true))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let seeds = vec![0u64; chunk.len()];
+        let gens = model::generate(model, Some(tok), &prompts, &seeds, &params)?;
+        for (row, g) in chunk.iter().zip(&gens) {
+            tokens += g.tokens.len();
+            let text = tok.decode(&g.tokens, true)?;
+            let gold = row.answer.as_deref().with_context(|| format!("eval problem {}: no reference answer", row.id))?;
+            if rredcot::math::verify_response(gold, &text).correct {
+                correct += 1;
+            }
+        }
+    }
+    Ok((correct as f64 / rows.len().max(1) as f64, tokens))
+}
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    let seed: u64 = ctx.param("seed")?;
+    let threads: i64 = ctx.param("threads")?;
+    let shape = Shape {
+        layers: ctx.param("layers")?,
+        hidden: ctx.param("hidden")?,
+        heads: ctx.param("heads")?,
+        kv_heads: ctx.param("kv_heads")?,
+        intermediate: ctx.param("intermediate")?,
+        max_len: ctx.param("max_len")?,
+    };
+    let steps: usize = ctx.param("steps")?;
+    let batch_size: usize = ctx.param("batch_size")?;
+    let warmup: usize = ctx.param("warmup_steps")?;
+    let lr: f64 = ctx.param("lr")?;
+    let min_lr_ratio: f64 = ctx.param("min_lr_ratio")?;
+    let weight_decay: f64 = ctx.param("weight_decay")?;
+    let clip: f64 = ctx.param("grad_clip")?;
+    let eval_n: usize = ctx.param("eval_n")?;
+    let eval_max_new: usize = ctx.param("eval_max_new_tokens")?;
+    if steps == 0 || batch_size == 0 {
+        bail!("bootstrap_sft: steps and batch_size must be positive");
+    }
+    if threads > 0 {
+        tch::set_num_threads(threads as i32);
+    }
+    tch::manual_seed(seed as i64);
+    let device = Device::cuda_if_available();
+
+    let tok_dir = ctx.input("tokenizer")?.to_path_buf();
+    let tok = Tokenizer::from_file(&tok_dir.join("tokenizer.json"), ChatTemplate::Qwen, vec![])?;
+    let train_path = ctx.input("train")?.to_path_buf();
+    let train: Vec<PromptRow> = read_rows(&train_path, Schema::Prompts)?;
+    let eval: Vec<PromptRow> = read_rows(ctx.input("eval")?, Schema::Prompts)?;
+    if train.is_empty() {
+        bail!("{}: no training problems", train_path.display());
+    }
+    let mut examples = Vec::with_capacity(train.len());
+    let mut too_long = 0i64;
+    for row in &train {
+        let ex = encode_example(&tok, row).with_context(|| format!("{}", train_path.display()))?;
+        if (ex.0.len() + ex.1.len()) as i64 > shape.max_len {
+            too_long += 1;
+            continue;
+        }
+        examples.push(ex);
+    }
+    ctx.count("examples_skipped_too_long", too_long);
+    if examples.is_empty() {
+        bail!("{}: every problem is longer than max_len = {} tokens", train_path.display(), shape.max_len);
+    }
+
+    let cfg = qwen2_config(&shape, &tok)?;
+    let model = DecoderLm::new(&cfg, device);
+    let mut opt = nn::AdamW { wd: weight_decay, ..Default::default() }.build(&model.vs, lr)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut order: Vec<usize> = Vec::new();
+    let mut progress = ctx.progress(steps as u64, "sft");
+    let mut trained_tokens = 0i64;
+    let mut last_loss = f64::NAN;
+    let mut loss_log = Vec::new();
+    for step in 0..steps {
+        if order.len() < batch_size {
+            let mut epoch: Vec<usize> = (0..examples.len()).collect();
+            epoch.shuffle(&mut rng);
+            order.extend(epoch);
+        }
+        let picked: Vec<&(Vec<i64>, Vec<i64>)> = order.drain(..batch_size).map(|i| &examples[i]).collect();
+        let (ids, targets, mask) = batch_tensors(&picked, tok.pad_id, device);
+        trained_tokens += mask.sum(Kind::Float).double_value(&[]) as i64;
+        opt.set_lr(lr_at(step, steps, warmup, lr, min_lr_ratio));
+        let loss = masked_loss(&model, &ids, &targets, &mask)?;
+        let l = loss.double_value(&[]);
+        if !l.is_finite() {
+            bail!("bootstrap_sft: loss is {l} at step {step} (lr {lr}); lower `lr`");
+        }
+        opt.zero_grad();
+        loss.backward();
+        opt.clip_grad_norm(clip);
+        opt.step();
+        last_loss = l;
+        if step % 10 == 0 || step + 1 == steps {
+            loss_log.push(serde_json::json!([step, l]));
+        }
+        progress.set(step as u64 + 1, &format!("sft loss {l:.3}"));
+    }
+    ctx.count("tokens_trained", trained_tokens);
+    ctx.metric("final_loss", last_loss);
+    ctx.metric("loss_log", serde_json::Value::Array(loss_log));
+
+    let eval_rows = &eval[..eval_n.min(eval.len())];
+    let (acc, gen_tokens) = tch::no_grad(|| greedy_accuracy(&model, &tok, eval_rows, eval_max_new, 32))?;
+    ctx.count("tokens_generated", gen_tokens as i64);
+    ctx.metric("eval_accuracy", acc);
+    ctx.metric("eval_problems", eval_rows.len() as i64);
+    eprintln!("bootstrap_sft: final loss {last_loss:.4}, greedy accuracy {acc:.3} on {} eval problems", eval_rows.len());
+
+    let out = ctx.output("model")?.to_path_buf();
+    std::fs::create_dir_all(&out)?;
+    model::save(&model, Some(&tok), &out)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lr_schedule_warms_up_then_decays_to_the_floor() {
+        let (steps, warmup, lr) = (100, 10, 1e-3);
+        assert!((lr_at(0, steps, warmup, lr, 0.1) - 1e-4).abs() < 1e-12);
+        assert!((lr_at(9, steps, warmup, lr, 0.1) - lr).abs() < 1e-12);
+        assert!((lr_at(10, steps, warmup, lr, 0.1) - lr).abs() < 1e-12);
+        assert!((lr_at(100, steps, warmup, lr, 0.1) - 1e-4).abs() < 1e-12);
+        let mid = lr_at(55, steps, warmup, lr, 0.1);
+        assert!((mid - (1e-4 + 0.9e-3 * 0.5)).abs() < 1e-9, "{mid}");
+    }
+
+    #[test]
+    fn batch_masks_exactly_the_solution_tokens() {
+        let a = (vec![1, 2, 3], vec![7, 8]);
+        let b = (vec![4], vec![9, 9, 9]);
+        let (ids, targets, mask) = batch_tensors(&[&a, &b], 0, Device::Cpu);
+        assert_eq!(ids.size(), vec![2, 4]);
+        let ids: Vec<i64> = Vec::try_from(ids.flatten(0, -1)).unwrap();
+        let targets: Vec<i64> = Vec::try_from(targets.flatten(0, -1)).unwrap();
+        let mask: Vec<f32> = Vec::try_from(mask.flatten(0, -1)).unwrap();
+        assert_eq!(ids, vec![1, 2, 3, 7, 4, 9, 9, 9]);
+        assert_eq!(targets, vec![2, 3, 7, 8, 9, 9, 9, 0]);
+        assert_eq!(mask, vec![0., 0., 1., 1., 1., 1., 1., 0.]);
+    }
+}
