@@ -501,11 +501,12 @@ fn slurm_memory_limit_is_reported() {
     }
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    // `tail` buffers all of a newline-free stream: about 600 MB against a 50 MB limit. Depending on
-    // the cluster's enforcement Slurm kills the whole job or only `tail`; `&&` makes either a failure.
+    // `tail` buffers all of a newline-free stream: about 600 MB against a 50 MB limit, held for 5 s
+    // so a sampling enforcer (jobacct_gather every second) sees it before the job could end.
+    // Depending on the enforcement Slurm kills the whole job or only `tail`; `&&` fails either way.
     write(
         &dir.path().join("stages/hog.toml"),
-        "command = \"head -c 600M /dev/zero | tail > /dev/null && echo done > {outputs.out}/x\"\n\
+        "command = \"(head -c 600M /dev/zero; sleep 5) | tail > /dev/null && echo done > {outputs.out}/x\"\n\
          [outputs]\nout = \"dir\"\n[resources]\nmem = \"50MB\"\n",
     );
     let pipeline = dir.path().join("pipelines/hog.toml");
