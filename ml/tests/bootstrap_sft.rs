@@ -25,15 +25,20 @@ fn pipeline(dir: &Path, taskgen: &str, sft: &str) -> PathBuf {
     p
 }
 
-/// Runs the pipeline into `store`; returns the sft run record.
-fn run(store: &Path, p: &Path) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"))
+/// Runs the pipeline into `store` through the worker binary.
+fn run_output(store: &Path, p: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rredcot-worker"))
         .arg("--store")
         .arg(store)
         .args(["pipeline", "run"])
         .arg(p)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs the pipeline into `store`, which must succeed; returns the sft run record.
+fn run(store: &Path, p: &Path) -> serde_json::Value {
+    let out = run_output(store, p);
     assert!(
         out.status.success(),
         "{}{}",
@@ -119,28 +124,8 @@ fn same_inputs_params_and_seed_give_the_same_checkpoint_hash() {
 #[test]
 fn every_problem_over_max_len_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let stages = repo().join("stages");
-    let p = dir.path().join("p.toml");
-    std::fs::write(
-        &p,
-        format!(
-            "stage_dirs = [{:?}]\n\
-             [[stage]]\nname = \"taskgen\"\nuses = \"taskgen\"\nparams = {{ n_train = 50, n_eval = 5 }}\n\
-             [[stage]]\nname = \"tokenizer\"\nuses = \"tokenizer_train\"\ninputs = {{ corpus = \"taskgen.train\" }}\n\
-             [[stage]]\nname = \"sft\"\nuses = \"bootstrap_sft\"\n\
-             inputs = {{ train = \"taskgen.eval\", eval = \"taskgen.eval\", tokenizer = \"tokenizer.tokenizer\" }}\n\
-             params = {{ steps = 1, max_len = 8 }}\n",
-            stages.display().to_string()
-        ),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"))
-        .arg("--store")
-        .arg(dir.path().join("s"))
-        .args(["pipeline", "run"])
-        .arg(&p)
-        .output()
-        .unwrap();
+    let p = pipeline(dir.path(), "n_train = 50, n_eval = 5", "steps = 1, max_len = 8");
+    let out = run_output(&dir.path().join("s"), &p);
     assert!(!out.status.success());
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("longer than max_len = 8"), "{text}");

@@ -201,7 +201,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         }
         let picked: Vec<&(Vec<i64>, Vec<i64>)> = order.drain(..batch_size).map(|i| &examples[i]).collect();
         let (ids, targets, mask) = batch_tensors(&picked, tok.pad_id, device);
-        trained_tokens += mask.sum(Kind::Float).double_value(&[]) as i64;
+        trained_tokens += picked.iter().map(|(_, target)| target.len() as i64).sum::<i64>();
         opt.set_lr(lr_at(step, steps, warmup, lr, min_lr_ratio));
         let loss = masked_loss(&model, &ids, &targets, &mask)?;
         let l = loss.double_value(&[]);
