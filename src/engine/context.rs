@@ -23,6 +23,8 @@ pub struct StageContext {
     pub key: String,
     pub params: Map<String, Value>,
     pub inputs: BTreeMap<String, (Schema, PathBuf)>,
+    /// Content hash of each input (what the instance key was computed from).
+    pub input_hashes: BTreeMap<String, String>,
     pub outputs: BTreeMap<String, (Schema, PathBuf)>,
     /// Scratch space inside the instance's temp dir (not part of the artifact).
     pub scratch: PathBuf,
@@ -38,6 +40,11 @@ impl StageContext {
 
     pub fn input(&self, name: &str) -> anyhow::Result<&Path> {
         self.inputs.get(name).map(|(_, p)| p.as_path()).ok_or_else(|| anyhow!("stage `{}`: no input `{name}`", self.instance))
+    }
+
+    /// The content hash of input `name` (e.g. the policy checkpoint a rollout was sampled from).
+    pub fn input_hash(&self, name: &str) -> anyhow::Result<&str> {
+        self.input_hashes.get(name).map(String::as_str).ok_or_else(|| anyhow!("stage `{}`: no input `{name}`", self.instance))
     }
 
     pub fn output(&self, name: &str) -> anyhow::Result<&Path> {

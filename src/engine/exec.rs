@@ -109,6 +109,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         key: key.to_string(),
         params: spec.params.clone(),
         inputs,
+        input_hashes: spec.inputs.iter().map(|(n, i)| (n.clone(), i.hash.clone())).collect(),
         outputs,
         scratch: scratch.clone(),
         counters: BTreeMap::new(),

@@ -6,6 +6,7 @@ pub mod demo;
 pub mod filter;
 pub mod import;
 pub mod prompt_text;
+pub mod segment;
 pub mod taskgen;
 pub mod tokenizer_train;
 
@@ -23,6 +24,9 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "import", version: "1", needs_ml: false },
     BuiltinInfo { name: "filter", version: "1", needs_ml: false },
     BuiltinInfo { name: "bootstrap_sft", version: "1", needs_ml: true },
+    BuiltinInfo { name: "segment", version: "1", needs_ml: false },
+    BuiltinInfo { name: "rollout", version: "1", needs_ml: true },
+    BuiltinInfo { name: "score_sigma", version: "1", needs_ml: true },
 ];
 
 /// Builtins that run without libtorch.
@@ -36,6 +40,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
         "tokenizer_train" => tokenizer_train::run,
         "import" => import::run,
         "filter" => filter::run,
+        "segment" => segment::run,
         _ => return None,
     })
 }

@@ -1,0 +1,274 @@
+//! `score_sigma`: RREDCoT's redistribution (paper Algorithm 1) for every segmented rollout.
+//!
+//! For a trace x, u_1..u_T the policy scores, in prefill only, R_t = log p(y* | x, u_1..u_t) and
+//! v_t = log p(u* | x, u_1..u_t) at the T + 1 cut points (prompt end and every segment end), with
+//! the trace's keys/values computed once and shared by all cuts ([`crate::model::score_cuts`]).
+//! σ then follows [`rredcot::credit::sigma`]. y* is `answer_template` filled with the reference
+//! answer (`answer_source = "reference"`) or the rollout's own extracted answer (`"self"`); u* is
+//! the reference solution.
+//!
+//! The last cut ends the trace *before* a trailing stop token (`<|im_end|>`): R_T asks for the
+//! answer as a continuation of the reasoning, not after the turn ended.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
+use rredcot::artifact::{read_rows, write_rows, Schema};
+use rredcot::credit::sigma::{self, Normalize, Terms};
+use rredcot::engine::StageContext;
+
+use super::{encode_prompt, load_policy, set_threads};
+use crate::model::{score_cuts, score_cuts_naive, DecoderLm, Tokenizer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum AnswerSource {
+    Reference,
+    #[serde(rename = "self")]
+    Own,
+}
+
+/// A trace without the answer/solution it needs: stop with an error, or give it uniform σ
+/// (empty R/v, `method = "uniform"`) and count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum OnMissing {
+    Error,
+    Uniform,
+}
+
+/// A trace + solution longer than the context: stop, or shorten the solution target u* (counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum OnTooLong {
+    Error,
+    Truncate,
+}
+
+/// `kv_shared` (the stage's point) or `naive` (one prefill per cut; the oracle, for checks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Scorer {
+    KvShared,
+    Naive,
+}
+
+struct Settings {
+    normalize: Normalize,
+    terms: Terms,
+    answer_source: AnswerSource,
+    answer_template: String,
+    on_missing: OnMissing,
+    on_too_long: OnTooLong,
+    scorer: Scorer,
+}
+
+/// Checks that the segments tile the completion; returns the segment ends.
+fn checked_ends(seg: &SegmentRow, n: usize) -> std::result::Result<Vec<usize>, String> {
+    if seg.seg_starts.len() != seg.seg_ends.len() || seg.seg_starts.is_empty() {
+        return Err(format!("{} starts and {} ends", seg.seg_starts.len(), seg.seg_ends.len()));
+    }
+    let mut expect = 0usize;
+    for (&s, &e) in seg.seg_starts.iter().zip(&seg.seg_ends) {
+        if s as usize != expect || e <= s {
+            return Err(format!("segments do not tile the completion (segment {s}..{e}, expected a start at {expect})"));
+        }
+        expect = e as usize;
+    }
+    if expect != n {
+        return Err(format!("segments end at token {expect}, the completion has {n} tokens"));
+    }
+    Ok(seg.seg_ends.iter().map(|&e| e as usize).collect())
+}
+
+/// Outcome for one trace: the score row, and whether it was truncated / fell back.
+struct Scored {
+    row: ScoreRow,
+    truncated: bool,
+    fell_back: bool,
+    missing: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn score_one(
+    model: &DecoderLm,
+    tok: &Tokenizer,
+    s: &Settings,
+    prompt: &PromptRow,
+    rollout: &RolloutRow,
+    seg: &SegmentRow,
+) -> Result<Scored> {
+    let n = rollout.completion_ids.len();
+    let ends = checked_ends(seg, n).map_err(anyhow::Error::msg)?;
+    let uniform = |missing: bool| Scored {
+        row: ScoreRow {
+            prompt_id: seg.prompt_id.clone(),
+            sample_idx: seg.sample_idx,
+            r: vec![],
+            v: vec![],
+            sigma: vec![1.0 / ends.len() as f64; ends.len()],
+            method: "uniform".into(),
+        },
+        truncated: false,
+        fell_back: false,
+        missing,
+    };
+    let answer = match s.answer_source {
+        AnswerSource::Reference => prompt.answer.as_deref(),
+        AnswerSource::Own => rollout.answer_extracted.as_deref(),
+    }
+    .filter(|a| !a.trim().is_empty());
+    let solution = prompt.solution.as_deref().filter(|u| !u.trim().is_empty());
+    let need_answer = s.terms.uses_answer();
+    let need_solution = s.terms.uses_solution();
+    if (need_answer && answer.is_none()) || (need_solution && solution.is_none()) {
+        let what = if need_answer && answer.is_none() { "answer" } else { "reference solution" };
+        return match s.on_missing {
+            OnMissing::Error => bail!("no {what} to score against (set on_missing_reference = \"uniform\" to give such traces uniform credit)"),
+            OnMissing::Uniform => Ok(uniform(true)),
+        };
+    }
+
+    let prompt_ids = encode_prompt(tok, prompt)?;
+    let mut completion: Vec<i64> = rollout.completion_ids.iter().map(|&t| t as i64).collect();
+    if completion.last().is_some_and(|t| tok.eos_ids.contains(t)) {
+        completion.pop();
+    }
+    let p = prompt_ids.len();
+    let trace: Vec<i64> = prompt_ids.into_iter().chain(completion.iter().copied()).collect();
+    let cuts: Vec<usize> = std::iter::once(p).chain(ends.iter().map(|&e| p + e.min(completion.len()))).collect();
+
+    let context = model.cfg.max_position_embeddings as usize;
+    let mut targets = Vec::new();
+    if let Some(a) = answer.filter(|_| need_answer) {
+        let y = tok.encode(&s.answer_template.replace("{answer}", a.trim()))?;
+        if trace.len() + y.len() > context {
+            bail!("trace ({} tokens) + answer ({} tokens) exceed the policy's context of {context}", trace.len(), y.len());
+        }
+        targets.push(y);
+    }
+    let mut truncated = false;
+    if let Some(u) = solution.filter(|_| need_solution) {
+        let mut u = tok.encode(u)?;
+        let room = context.saturating_sub(trace.len());
+        if u.len() > room {
+            match s.on_too_long {
+                OnTooLong::Error => bail!(
+                    "trace ({} tokens) + reference solution ({} tokens) exceed the policy's context of {context} (on_too_long = \"truncate\" shortens the solution)",
+                    trace.len(),
+                    u.len()
+                ),
+                OnTooLong::Truncate if room == 0 => bail!("trace ({} tokens) fills the policy's context of {context}", trace.len()),
+                OnTooLong::Truncate => {
+                    u.truncate(room);
+                    truncated = true;
+                }
+            }
+        }
+        targets.push(u);
+    }
+
+    let values = match s.scorer {
+        Scorer::KvShared => score_cuts(model, &trace, &cuts, &targets)?,
+        Scorer::Naive => score_cuts_naive(model, &trace, &cuts, &targets)?,
+    };
+    let column = |j: usize| values.iter().map(|row| row[j]).collect::<Vec<f64>>();
+    let r = if need_answer { column(0) } else { vec![] };
+    let v = if need_solution { column(targets.len() - 1) } else { vec![] };
+    let unnorm = sigma::unnormalized(&r, &v, s.terms);
+    let (sig, fell_back) = sigma::normalize(&unnorm, s.normalize);
+    Ok(Scored {
+        row: ScoreRow { prompt_id: seg.prompt_id.clone(), sample_idx: seg.sample_idx, r, v, sigma: sig, method: "rredcot".into() },
+        truncated,
+        fell_back,
+        missing: false,
+    })
+}
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    set_threads(ctx)?;
+    let s = Settings {
+        normalize: ctx.param("normalize")?,
+        terms: ctx.param("terms")?,
+        answer_source: ctx.param("answer_source")?,
+        answer_template: ctx.param("answer_template")?,
+        on_missing: ctx.param("on_missing_reference")?,
+        on_too_long: ctx.param("on_too_long")?,
+        scorer: ctx.param("scorer")?,
+    };
+    if !s.answer_template.contains("{answer}") {
+        bail!("stage `{}`: answer_template must contain {{answer}}", ctx.instance);
+    }
+    let prompts: Vec<PromptRow> = read_rows(ctx.input("prompts")?, Schema::Prompts)?;
+    let rollouts_path = ctx.input("rollouts")?.to_path_buf();
+    let rollouts: Vec<RolloutRow> = read_rows(&rollouts_path, Schema::Rollouts)?;
+    let segments_path = ctx.input("segments")?.to_path_buf();
+    let segments: Vec<SegmentRow> = read_rows(&segments_path, Schema::Segments)?;
+    let by_id: HashMap<&str, &PromptRow> = prompts.iter().map(|p| (p.id.as_str(), p)).collect();
+    let by_key: HashMap<(&str, i32), &RolloutRow> =
+        rollouts.iter().map(|r| ((r.prompt_id.as_str(), r.sample_idx), r)).collect();
+    let (model, tok) = load_policy(ctx, "policy")?;
+
+    let mut out = Vec::with_capacity(segments.len());
+    let (mut truncated, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64);
+    let mut sigma_entropy = 0.0;
+    let t0 = Instant::now();
+    let mut progress = ctx.progress(segments.len() as u64, "sigma");
+    for (i, seg) in segments.iter().enumerate() {
+        let at = || format!("{} row {i} (prompt {}, sample {})", segments_path.display(), seg.prompt_id, seg.sample_idx);
+        let rollout = by_key
+            .get(&(seg.prompt_id.as_str(), seg.sample_idx))
+            .with_context(|| format!("{}: no such rollout in {}", at(), rollouts_path.display()))?;
+        let prompt = by_id
+            .get(seg.prompt_id.as_str())
+            .with_context(|| format!("{}: prompt not in the wired prompts", at()))?;
+        let scored = score_one(&model, &tok, &s, prompt, rollout, seg).with_context(at)?;
+        if let Some(bad) = scored.row.sigma.iter().find(|x| !x.is_finite()) {
+            bail!("{}: σ is {bad} (normalize = none on a non-finite value curve)", at());
+        }
+        truncated += scored.truncated as i64;
+        fell_back += scored.fell_back as i64;
+        missing += scored.missing as i64;
+        segs += scored.row.sigma.len() as i64;
+        if s.normalize != Normalize::None {
+            sigma_entropy += sigma::entropy(&scored.row.sigma);
+        }
+        out.push(scored.row);
+        let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+        progress.set(i as u64 + 1, &format!("sigma {rate:.1} traces/s"));
+    }
+    progress.finish();
+    let n = out.len().max(1) as f64;
+    ctx.count("traces_scored", out.len() as i64);
+    ctx.count("segments_scored", segs);
+    ctx.count("sigma_uniform_fallback", fell_back);
+    ctx.count("missing_reference", missing);
+    ctx.count("solution_targets_truncated", truncated);
+    ctx.count("tokens_generated", 0);
+    ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / n);
+    if s.normalize != Normalize::None {
+        ctx.metric("mean_sigma_entropy", sigma_entropy / n);
+    }
+    write_rows(ctx.output("scores")?, Schema::Scores, &out)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(starts: &[i32], ends: &[i32]) -> SegmentRow {
+        SegmentRow { prompt_id: "p".into(), sample_idx: 0, seg_starts: starts.to_vec(), seg_ends: ends.to_vec(), method: "m".into() }
+    }
+
+    #[test]
+    fn segments_must_tile_the_completion() {
+        assert_eq!(checked_ends(&seg(&[0, 3], &[3, 5]), 5), Ok(vec![3, 5]));
+        assert!(checked_ends(&seg(&[0, 4], &[3, 5]), 5).unwrap_err().contains("tile"));
+        assert!(checked_ends(&seg(&[0], &[4]), 5).unwrap_err().contains("5 tokens"));
+        assert!(checked_ends(&seg(&[0, 3], &[3, 3]), 3).is_err(), "empty segment");
+        assert!(checked_ends(&seg(&[], &[]), 0).is_err());
+    }
+}

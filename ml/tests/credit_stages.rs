@@ -1,0 +1,248 @@
+//! The RREDCoT credit chain through the real worker binary, on `pipelines/incremental-rescore.toml`
+//! shrunk with `--set`: rollouts carry the policy hash and token counts; segments tile every
+//! completion; σ is a distribution per trace that telescopes (normalize = none), equals an
+//! independent per-prefix oracle, and agrees between the KV-shared and naive scorers; changing the
+//! segmentation reruns exactly segment + score with 0 tokens generated.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
+use rredcot::artifact::{read_rows, Schema};
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A tiny configuration of the incremental pipeline (seconds in a debug build).
+const TINY: &[&str] = &[
+    "taskgen.n_train=300",
+    "taskgen.n_eval=20",
+    "taskgen.max_steps=2",
+    "sft.steps=40",
+    "sft.batch_size=8",
+    "sft.layers=2",
+    "sft.hidden=64",
+    "sft.heads=2",
+    "sft.kv_heads=1",
+    "sft.intermediate=128",
+    "sft.eval_n=4",
+    "sft.eval_max_new_tokens=16",
+    "rollout.limit=3",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=48",
+];
+
+fn run_pipeline(store: &Path, pipeline: &Path, sets: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
+    c.arg("--store").arg(store).args(["pipeline", "run"]).arg(pipeline).arg("--json");
+    for s in TINY.iter().chain(sets) {
+        c.args(["--set", s]);
+    }
+    c.output().unwrap()
+}
+
+fn run_ok(store: &Path, sets: &[&str]) -> Value {
+    let out = run_pipeline(store, &repo().join("pipelines/incremental-rescore.toml"), sets);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn record(store: &Path, summary: &Value, stage: &str) -> Value {
+    let key = summary["keys"][stage].as_str().unwrap();
+    serde_json::from_slice(&std::fs::read(store.join("instances").join(key).join("run.json")).unwrap()).unwrap()
+}
+
+fn output(store: &Path, summary: &Value, stage: &str, name: &str) -> PathBuf {
+    let key = summary["keys"][stage].as_str().unwrap();
+    let dir = store.join("instances").join(key).join("outputs");
+    let parquet = dir.join(format!("{name}.parquet"));
+    if parquet.exists() {
+        parquet
+    } else {
+        dir.join(name)
+    }
+}
+
+fn names(v: &Value) -> Vec<String> {
+    let mut n: Vec<String> = v.as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect();
+    n.sort();
+    n
+}
+
+fn scores(store: &Path, s: &Value) -> Vec<ScoreRow> {
+    read_rows(&output(store, s, "score", "scores"), Schema::Scores).unwrap()
+}
+
+#[test]
+fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let first = run_ok(&store, &[]);
+    let gen = first["counters"]["tokens_generated"].as_i64().unwrap();
+    assert!(gen > 0, "the first run samples: {first}");
+
+    // Rollouts: group per prompt, policy hash, consistent per-token arrays, reward from the verifier.
+    let rollouts: Vec<RolloutRow> = read_rows(&output(&store, &first, "rollout", "rollouts"), Schema::Rollouts).unwrap();
+    assert_eq!(rollouts.len(), 3 * 2);
+    let sft = record(&store, &first, "sft");
+    let policy_hash = sft["outputs"]["model"]["hash"].as_str().unwrap();
+    let roll_rec = record(&store, &first, "rollout");
+    let tokens: i64 = rollouts.iter().map(|r| r.completion_ids.len() as i64).sum();
+    assert_eq!(roll_rec["counters"]["tokens_generated"].as_i64(), Some(tokens));
+    let prompts: Vec<PromptRow> = read_rows(&output(&store, &first, "taskgen", "eval"), Schema::Prompts).unwrap();
+    for r in &rollouts {
+        assert_eq!(r.policy_ckpt, policy_hash);
+        assert_eq!(r.logprobs.len(), r.completion_ids.len());
+        assert_eq!(r.entropies.len(), r.completion_ids.len());
+        assert!(r.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+        let gold = prompts.iter().find(|p| p.id == r.prompt_id).unwrap().answer.clone().unwrap();
+        assert_eq!(r.reward == 1.0, rredcot::math::verify_response(&gold, &r.text).correct);
+    }
+
+    // Segments tile each completion; σ is a distribution with one value per segment.
+    let segs: Vec<SegmentRow> = read_rows(&output(&store, &first, "segment", "segments"), Schema::Segments).unwrap();
+    assert_eq!(segs.len(), rollouts.len());
+    let sc = scores(&store, &first);
+    for (s, r) in segs.iter().zip(&rollouts) {
+        assert_eq!((s.prompt_id.as_str(), s.sample_idx), (r.prompt_id.as_str(), r.sample_idx));
+        assert_eq!(s.seg_starts[0], 0);
+        assert_eq!(*s.seg_ends.last().unwrap() as usize, r.completion_ids.len());
+        assert!(s.seg_starts.iter().zip(&s.seg_ends).all(|(a, b)| a < b));
+        assert!(s.seg_ends[..s.seg_ends.len() - 1] == s.seg_starts[1..]);
+        assert!(s.seg_ends.len() <= 40);
+    }
+    for (row, s) in sc.iter().zip(&segs) {
+        assert_eq!(row.sigma.len(), s.seg_ends.len());
+        assert_eq!((row.r.len(), row.v.len()), (row.sigma.len() + 1, row.sigma.len() + 1));
+        assert!((row.sigma.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{:?}", row.sigma);
+        assert!(row.r.iter().chain(&row.v).all(|x| x.is_finite() && *x <= 0.0));
+    }
+
+    // An independent oracle: R_t by one plain teacher-forced pass per prefix (model::logprob).
+    let ckpt = output(&store, &first, "sft", "model");
+    let m = rredcot_ml::model::load(&ckpt, &Default::default()).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let (r0, s0) = (&rollouts[0], &segs[0]);
+    let prompt = prompts.iter().find(|p| p.id == r0.prompt_id).unwrap();
+    let pids = rredcot_ml::stages::encode_prompt(tok, prompt).unwrap();
+    let mut comp: Vec<i64> = r0.completion_ids.iter().map(|&t| t as i64).collect();
+    if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
+        comp.pop();
+    }
+    let y = tok.encode(&format!("The answer is {}.", prompt.answer.as_deref().unwrap())).unwrap();
+    let cuts: Vec<usize> = std::iter::once(0).chain(s0.seg_ends.iter().map(|&e| (e as usize).min(comp.len()))).collect();
+    let pairs: Vec<(Vec<i64>, Vec<i64>)> =
+        cuts.iter().map(|&c| (pids.iter().chain(&comp[..c]).copied().collect(), y.clone())).collect();
+    let oracle = rredcot_ml::model::logprob(&m.model, &pairs, 4).unwrap();
+    for (t, lp) in oracle.iter().enumerate() {
+        let want: f64 = lp.iter().map(|&x| x as f64).sum();
+        assert!((sc[0].r[t] - want).abs() < 1e-4, "R_{t}: stage {} vs oracle {want}", sc[0].r[t]);
+    }
+
+    // Changing the segmentation reruns exactly segment + score; nothing is sampled again.
+    for change in ["segment.max_segments=3", "segment.method=keyword", "segment.method=entropy"] {
+        let again = run_ok(&store, &[change]);
+        assert_eq!(names(&again["ran"]), vec!["score", "segment"], "{change}: {again}");
+        assert!(names(&again["cached"]).contains(&"rollout".to_string()));
+        assert_eq!(again["counters"]["tokens_generated"].as_i64().unwrap_or(0), 0, "{change}");
+        let segs: Vec<SegmentRow> = read_rows(&output(&store, &again, "segment", "segments"), Schema::Segments).unwrap();
+        if change.ends_with("=3") {
+            assert!(segs.iter().all(|s| s.seg_ends.len() <= 3));
+        }
+        assert!(segs.iter().all(|s| s.method == change.split('=').nth(1).unwrap() || change.contains("max_segments")));
+    }
+
+    // The naive scorer (one prefill per cut) gives the same values as the KV-shared one.
+    let naive = run_ok(&store, &["score.scorer=naive"]);
+    assert_eq!(names(&naive["ran"]), vec!["score"]);
+    for (a, b) in sc.iter().zip(scores(&store, &naive)) {
+        for (x, y) in a.r.iter().chain(&a.v).zip(b.r.iter().chain(&b.v)) {
+            assert!((x - y).abs() < 1e-4, "kv-shared {x} vs naive {y}");
+        }
+    }
+
+    // normalize = none: Σσ telescopes to (R_T − R_0) + (v_T − v_0) (return equivalence).
+    let none = run_ok(&store, &["score.normalize=none"]);
+    for row in scores(&store, &none) {
+        let t = row.r.len() - 1;
+        let want = (row.r[t] - row.r[0]) + (row.v[t] - row.v[0]);
+        assert!((row.sigma.iter().sum::<f64>() - want).abs() < 1e-9);
+    }
+
+    // Determinism: a fresh store gives the same rollout and score hashes.
+    let other = dir.path().join("other");
+    let again = run_ok(&other, &[]);
+    for stage in ["rollout", "segment", "score"] {
+        let out = if stage == "rollout" { "rollouts" } else if stage == "segment" { "segments" } else { "scores" };
+        assert_eq!(
+            record(&store, &first, stage)["outputs"][out]["hash"],
+            record(&other, &again, stage)["outputs"][out]["hash"],
+            "{stage} output differs between two fresh stores"
+        );
+    }
+}
+
+#[test]
+fn missing_reference_solution_is_a_row_error_or_counted_uniform_credit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    // The same chain, with the solutions dropped from the scored prompts by an external stage.
+    std::fs::create_dir_all(dir.path().join("stages")).unwrap();
+    std::fs::write(
+        dir.path().join("stages/drop_solutions.py"),
+        "import sys, pyarrow as pa, pyarrow.parquet as pq\n\
+         t = pq.read_table(sys.argv[1])\n\
+         i = t.schema.get_field_index('solution')\n\
+         t = t.set_column(i, pa.field('solution', pa.string(), nullable=True), pa.nulls(len(t), pa.string()))\n\
+         pq.write_table(t, sys.argv[2])\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("stages/drop_solutions.toml"),
+        "command = [\"python3\", \"{script}\", \"{inputs.prompts}\", \"{outputs.prompts}\"]\nscript = \"drop_solutions.py\"\n\
+         [inputs]\nprompts = \"prompts\"\n[outputs]\nprompts = \"prompts\"\n",
+    )
+    .unwrap();
+    let base = std::fs::read_to_string(repo().join("pipelines/incremental-rescore.toml")).unwrap();
+    let body = format!(
+        "stage_dirs = [{:?}, \"stages\"]\n{}\n[[stage]]\nname = \"nosol\"\nuses = \"drop_solutions\"\ninputs = {{ prompts = \"taskgen.eval\" }}\n",
+        repo().join("stages").display().to_string(),
+        base.replace("prompts = \"taskgen.eval\", rollouts", "prompts = \"nosol.prompts\", rollouts")
+    );
+    let p = dir.path().join("p.toml");
+    std::fs::write(&p, body).unwrap();
+    let out = run_pipeline(&store, &p, &[]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("no reference solution") && text.contains("row 0 (prompt tg-"), "{text}");
+    // Nothing was committed for the failed stage.
+    let out = run_pipeline(&store, &p, &["score.on_missing_reference=uniform"]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(names(&s["ran"]), vec!["score"], "only the failed stage reruns");
+    let rec = record(&store, &s, "score");
+    assert_eq!(rec["counters"]["missing_reference"].as_i64(), Some(6));
+    for row in scores(&store, &s) {
+        assert_eq!(row.method, "uniform");
+        let t = row.sigma.len() as f64;
+        assert!(row.sigma.iter().all(|&x| (x - 1.0 / t).abs() < 1e-12));
+    }
+    // terms = answer needs no solution: R-only σ.
+    let s = {
+        let out = run_pipeline(&store, &p, &["score.terms=answer"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    for row in scores(&store, &s) {
+        assert_eq!(row.method, "rredcot");
+        assert!(row.v.is_empty() && row.r.len() == row.sigma.len() + 1);
+    }
+}

@@ -1,0 +1,6 @@
+//! Credit assignment that needs no model: how a trace is cut into segments and how value curves
+//! become the redistribution σ. The model-side parts (rollouts, scoring with the policy) are the
+//! `rollout` and `score_sigma` stages in `rredcot-ml`.
+
+pub mod segmentation;
+pub mod sigma;
