@@ -246,3 +246,83 @@ fn missing_reference_solution_is_a_row_error_or_counted_uniform_credit() {
         assert!(row.v.is_empty() && row.r.len() == row.sigma.len() + 1);
     }
 }
+
+/// The incremental pipeline with an external stage spliced between rollout and segment/score.
+fn spliced_pipeline(dir: &Path, stage: &str, script: &str) -> PathBuf {
+    std::fs::create_dir_all(dir.join("stages")).unwrap();
+    std::fs::write(dir.join(format!("stages/{stage}.py")), script).unwrap();
+    std::fs::write(
+        dir.join(format!("stages/{stage}.toml")),
+        format!(
+            "command = [\"python3\", \"{{script}}\", \"{{inputs.rollouts}}\", \"{{outputs.rollouts}}\"]\nscript = \"{stage}.py\"\n\
+             [inputs]\nrollouts = \"rollouts\"\n[outputs]\nrollouts = \"rollouts\"\n"
+        ),
+    )
+    .unwrap();
+    let base = std::fs::read_to_string(repo().join("pipelines/incremental-rescore.toml")).unwrap();
+    let body = format!(
+        "stage_dirs = [{:?}, \"stages\"]\n{}\n[[stage]]\nname = \"bad\"\nuses = \"{stage}\"\ninputs = {{ rollouts = \"rollout.rollouts\" }}\n",
+        repo().join("stages").display().to_string(),
+        base.replace("rollouts = \"rollout.rollouts\", ", "rollouts = \"bad.rollouts\", ")
+    );
+    let p = dir.join(format!("{stage}.toml"));
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn failure_text(out: &Output) -> String {
+    assert!(!out.status.success(), "expected a failure:\n{}", String::from_utf8_lossy(&out.stdout));
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn broken_rollouts_are_row_errors_and_long_traces_error_or_truncate() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let rewrite = |body: &str| {
+        format!(
+            "import sys, math, pyarrow as pa, pyarrow.parquet as pq\n\
+             t = pq.read_table(sys.argv[1]).to_pylist()\n{body}\n\
+             pq.write_table(pa.Table.from_pylist(t, schema=pq.read_schema(sys.argv[1])), sys.argv[2])\n"
+        )
+    };
+    // An empty completion: an error naming the row, or a counted skip.
+    let p = spliced_pipeline(
+        dir.path(),
+        "empty_first",
+        &rewrite("for c in ['completion_ids', 'logprobs', 'entropies']:\n    t[1][c] = []\nt[1]['text'] = ''"),
+    );
+    let text = failure_text(&run_pipeline(&store, &p, &[]));
+    assert!(text.contains("row 1 (prompt tg-") && text.contains("empty completion"), "{text}");
+    let out = run_pipeline(&store, &p, &["segment.on_empty=skip"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(record(&store, &s, "segment")["counters"]["empty_completions_skipped"].as_i64(), Some(1));
+    assert_eq!(scores(&store, &s).len(), 5);
+
+    // A NaN logprob / entropy: an error naming the row and the token.
+    let p = spliced_pipeline(dir.path(), "nan_logprob", &rewrite("t[2]['logprobs'][0] = math.nan"));
+    let text = failure_text(&run_pipeline(&store, &p, &[]));
+    assert!(text.contains("row 2 (prompt tg-") && text.contains("logprob of token 0 is NaN"), "{text}");
+    let p = spliced_pipeline(dir.path(), "nan_entropy", &rewrite("t[0]['entropies'][-1] = math.nan"));
+    let text = failure_text(&run_pipeline(&store, &p, &[]));
+    assert!(text.contains("row 0 (prompt tg-") && text.contains("entropy of token"), "{text}");
+
+    // A policy with a short context: rollouts are clamped to fit (counted); trace + targets
+    // overflow scoring unless a shortened window may be scored (counted).
+    let short = ["sft.max_len=112", "rollout.max_new_tokens=200", "rollout.temperature=2.0"];
+    let pipeline = repo().join("pipelines/incremental-rescore.toml");
+    let text = failure_text(&run_pipeline(&store, &pipeline, &short));
+    assert!(text.contains("exceed the policy's context of 112"), "{text}");
+    let s = {
+        let sets: Vec<&str> = short.iter().copied().chain(["score.on_too_long=truncate"]).collect();
+        let out = run_pipeline(&store, &pipeline, &sets);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    assert!(record(&store, &s, "rollout")["counters"]["rows_max_new_tokens_clamped"].as_i64().unwrap() > 0);
+    let score = record(&store, &s, "score");
+    assert!(score["counters"]["traces_truncated"].as_i64().unwrap() > 0, "{score}");
+    assert!(score["counters"]["solution_targets_truncated"].as_i64().is_some());
+    assert!(scores(&store, &s).iter().all(|r| (r.sigma.iter().sum::<f64>() - 1.0).abs() < 1e-9));
+}

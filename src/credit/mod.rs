@@ -4,3 +4,4 @@
 
 pub mod segmentation;
 pub mod sigma;
+pub mod weights;

@@ -54,8 +54,12 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                 }
             }
         }
-        if r.entropies.len() != n {
-            bail!("{}: {} entropies for {n} completion tokens", at(), r.entropies.len());
+        if r.entropies.len() != n || r.logprobs.len() != n {
+            bail!("{}: {} logprobs and {} entropies for {n} completion tokens", at(), r.logprobs.len(), r.entropies.len());
+        }
+        // A non-finite logprob means a broken rollout; later stages would train on it.
+        if let Some(i) = r.logprobs.iter().position(|l| !l.is_finite()) {
+            bail!("{}: logprob of token {i} is {}", at(), r.logprobs[i]);
         }
         if method != Method::Keyword {
             if let Some(i) = r.entropies.iter().position(|e| !e.is_finite()) {

@@ -134,7 +134,7 @@ pub fn greedy_accuracy(model: &DecoderLm, tok: &Tokenizer, rows: &[PromptRow], m
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let seed: u64 = ctx.param("seed")?;
-    let threads: i64 = ctx.param("threads")?;
+    super::set_threads(ctx)?;
     let shape = Shape {
         layers: ctx.param("layers")?,
         hidden: ctx.param("hidden")?,
@@ -154,9 +154,6 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let eval_max_new: usize = ctx.param("eval_max_new_tokens")?;
     if steps == 0 || batch_size == 0 {
         bail!("bootstrap_sft: steps and batch_size must be positive");
-    }
-    if threads > 0 {
-        tch::set_num_threads(threads as i32);
     }
     tch::manual_seed(seed as i64);
     let device = Device::cuda_if_available();

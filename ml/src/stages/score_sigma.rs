@@ -83,10 +83,14 @@ fn checked_ends(seg: &SegmentRow, n: usize) -> std::result::Result<Vec<usize>, S
     Ok(seg.seg_ends.iter().map(|&e| e as usize).collect())
 }
 
+/// Fewest reference-solution tokens kept when `on_too_long = "truncate"` shortens u*.
+const MIN_SOLUTION_TOKENS: usize = 32;
+
 /// Outcome for one trace: the score row, and whether it was truncated / fell back.
 struct Scored {
     row: ScoreRow,
-    truncated: bool,
+    solution_truncated: bool,
+    trace_truncated: bool,
     fell_back: bool,
     missing: bool,
 }
@@ -111,7 +115,8 @@ fn score_one(
             sigma: vec![1.0 / ends.len() as f64; ends.len()],
             method: "uniform".into(),
         },
-        truncated: false,
+        solution_truncated: false,
+        trace_truncated: false,
         fell_back: false,
         missing,
     };
@@ -141,34 +146,45 @@ fn score_one(
     let cuts: Vec<usize> = std::iter::once(p).chain(ends.iter().map(|&e| p + e.min(completion.len()))).collect();
 
     let context = model.cfg.max_position_embeddings as usize;
-    let mut targets = Vec::new();
-    if let Some(a) = answer.filter(|_| need_answer) {
-        let y = tok.encode(&s.answer_template.replace("{answer}", a.trim()))?;
-        if trace.len() + y.len() > context {
-            bail!("trace ({} tokens) + answer ({} tokens) exceed the policy's context of {context}", trace.len(), y.len());
+    let y = match answer.filter(|_| need_answer) {
+        Some(a) => Some(tok.encode(&s.answer_template.replace("{answer}", a.trim()))?),
+        None => None,
+    };
+    let mut u = match solution.filter(|_| need_solution) {
+        Some(text) => Some(tok.encode(text)?),
+        None => None,
+    };
+    let longest = |y: &Option<Vec<i64>>, u: &Option<Vec<i64>>| y.iter().chain(u.iter()).map(Vec::len).max().unwrap_or(0);
+    let (mut trace, mut cuts) = (trace, cuts);
+    let (mut solution_truncated, mut trace_truncated) = (false, false);
+    if trace.len() + longest(&y, &u) > context {
+        if s.on_too_long == OnTooLong::Error {
+            bail!(
+                "trace ({} tokens) + longest target ({} tokens) exceed the policy's context of {context} (on_too_long = \"truncate\" scores a shortened window)",
+                trace.len(),
+                longest(&y, &u)
+            );
         }
-        targets.push(y);
-    }
-    let mut truncated = false;
-    if let Some(u) = solution.filter(|_| need_solution) {
-        let mut u = tok.encode(u)?;
-        let room = context.saturating_sub(trace.len());
-        if u.len() > room {
-            match s.on_too_long {
-                OnTooLong::Error => bail!(
-                    "trace ({} tokens) + reference solution ({} tokens) exceed the policy's context of {context} (on_too_long = \"truncate\" shortens the solution)",
-                    trace.len(),
-                    u.len()
-                ),
-                OnTooLong::Truncate if room == 0 => bail!("trace ({} tokens) fills the policy's context of {context}", trace.len()),
-                OnTooLong::Truncate => {
-                    u.truncate(room);
-                    truncated = true;
-                }
+        // 1. Shorten u* to fit beside the whole trace, but keep enough of it to mean something.
+        if let Some(u) = u.as_mut() {
+            let keep = context.saturating_sub(trace.len()).max(MIN_SOLUTION_TOKENS.min(u.len()));
+            if keep < u.len() {
+                u.truncate(keep);
+                solution_truncated = true;
             }
         }
-        targets.push(u);
+        // 2. Cuts past the room left for the targets are clamped: those segments get σ^unnorm = 0.
+        let max_prefix = context.saturating_sub(longest(&y, &u));
+        if max_prefix <= p {
+            bail!("prompt ({p} tokens) + longest target ({} tokens) leave no room in the policy's context of {context}", longest(&y, &u));
+        }
+        if trace.len() > max_prefix {
+            trace.truncate(max_prefix);
+            cuts.iter_mut().for_each(|c| *c = (*c).min(max_prefix));
+            trace_truncated = true;
+        }
     }
+    let targets: Vec<Vec<i64>> = y.into_iter().chain(u).collect();
 
     let values = match s.scorer {
         Scorer::KvShared => score_cuts(model, &trace, &cuts, &targets)?,
@@ -181,7 +197,8 @@ fn score_one(
     let (sig, fell_back) = sigma::normalize(&unnorm, s.normalize);
     Ok(Scored {
         row: ScoreRow { prompt_id: seg.prompt_id.clone(), sample_idx: seg.sample_idx, r, v, sigma: sig, method: "rredcot".into() },
-        truncated,
+        solution_truncated,
+        trace_truncated,
         fell_back,
         missing: false,
     })
@@ -212,7 +229,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (model, tok) = load_policy(ctx, "policy")?;
 
     let mut out = Vec::with_capacity(segments.len());
-    let (mut truncated, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64);
+    let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64, 0i64);
     let mut sigma_entropy = 0.0;
     let t0 = Instant::now();
     let mut progress = ctx.progress(segments.len() as u64, "sigma");
@@ -228,7 +245,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         if let Some(bad) = scored.row.sigma.iter().find(|x| !x.is_finite()) {
             bail!("{}: σ is {bad} (normalize = none on a non-finite value curve)", at());
         }
-        truncated += scored.truncated as i64;
+        sol_trunc += scored.solution_truncated as i64;
+        trace_trunc += scored.trace_truncated as i64;
         fell_back += scored.fell_back as i64;
         missing += scored.missing as i64;
         segs += scored.row.sigma.len() as i64;
@@ -245,7 +263,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("segments_scored", segs);
     ctx.count("sigma_uniform_fallback", fell_back);
     ctx.count("missing_reference", missing);
-    ctx.count("solution_targets_truncated", truncated);
+    ctx.count("solution_targets_truncated", sol_trunc);
+    ctx.count("traces_truncated", trace_trunc);
     ctx.count("tokens_generated", 0);
     ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / n);
     if s.normalize != Normalize::None {
