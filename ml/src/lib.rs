@@ -1,8 +1,10 @@
 //! rredcot-ml: everything that links libtorch.
 //!
 //! - [`model`]: tch decoder LMs (Qwen2, Qwen3, Llama), weights, tokenizer, generation, scoring
+//! - [`train`]: the policy-gradient loss with per-token credit, resumable AdamW, LR schedule
 //! - [`stages`]: builtin stages that need the model; [`stages::FULL_RUNTIME`] is what
 //!   `rredcot-worker` runs (the engine binary `rredcot` hands those instances to it)
 
 pub mod model;
 pub mod stages;
+pub mod train;

@@ -138,11 +138,16 @@ pub fn validate_file(path: &Path, schema: Schema) -> Result<RecordBatch, Artifac
     conform(path, &batch, schema)
 }
 
-/// Write typed rows (see `rows`) as a Parquet artifact of `schema`.
+/// Write typed rows (see `rows`) as a Parquet artifact of `schema`. A `table` (no required columns) takes its columns from the rows' fields.
 pub fn write_rows<T: Serialize>(path: &Path, schema: Schema, rows: &[T]) -> Result<(), ArtifactError> {
-    let fields: Vec<FieldRef> = schema.columns().into_iter().map(Arc::new).collect();
-    let batch = serde_arrow::to_record_batch(&fields, &rows)
-        .map_err(|e| ArtifactError::Rows { path: path.to_path_buf(), schema, message: e.to_string() })?;
+    let err = |e: serde_arrow::Error| ArtifactError::Rows { path: path.to_path_buf(), schema, message: e.to_string() };
+    let fields: Vec<FieldRef> = if schema.columns().is_empty() {
+        use serde_arrow::schema::{SchemaLike, TracingOptions};
+        Vec::<FieldRef>::from_samples(rows, TracingOptions::default()).map_err(err)?
+    } else {
+        schema.columns().into_iter().map(Arc::new).collect()
+    };
+    let batch = serde_arrow::to_record_batch(&fields, &rows).map_err(err)?;
     write_batch(path, &batch)
 }
 

@@ -281,7 +281,9 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         }
         Ok(())
     };
-    let make_node = |su: &StageUse, name: String, base: String, step: Option<usize>, loader: &mut KindLoader| -> Result<Node> {
+    // `at` = (step, repeat) for a chain stage.
+    let make_node = |su: &StageUse, name: String, base: String, at: Option<(usize, usize)>, loader: &mut KindLoader| -> Result<Node> {
+        let step = at.map(|a| a.0);
         let kind = loader.load(file, &su.name, su.uses.as_deref().unwrap_or(&su.name))?;
         let mut params = Map::new();
         let mut sources = BTreeMap::new();
@@ -299,7 +301,7 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
                     message: format!("unknown param for stage kind `{}` (known: {})", kind.name, known_params(&kind)),
                 });
             };
-            let v = interpolate_step(v, step);
+            let v = interpolate_step(v, at);
             let v = coerce(d, &v, None)
                 .map_err(|m| EngineError::Param { path: file.to_path_buf(), stage: name.clone(), param: k.clone(), message: m })?;
             params.insert(k.clone(), toml_to_json(&v));
@@ -319,7 +321,7 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         for i in 0..c.repeat {
             for su in &c.stage {
                 let base = format!("{}.{}", c.name, su.name);
-                let node = make_node(su, format!("{base}[{i}]"), base, Some(i), &mut loader)?;
+                let node = make_node(su, format!("{base}[{i}]"), base, Some((i, c.repeat)), &mut loader)?;
                 let carry = c
                     .carry
                     .iter()
@@ -427,12 +429,16 @@ fn known_params(kind: &StageKind) -> String {
     }
 }
 
-/// `"{step}"` becomes the step number; `{step}` inside a longer string is substituted.
-fn interpolate_step(v: &toml::Value, step: Option<usize>) -> toml::Value {
-    match (v, step) {
-        (toml::Value::String(s), Some(i)) if s == "{step}" => toml::Value::Integer(i as i64),
-        (toml::Value::String(s), Some(i)) if s.contains("{step}") => toml::Value::String(s.replace("{step}", &i.to_string())),
-        _ => v.clone(),
+/// In a chain stage's params `"{step}"` becomes the step number and `"{repeat}"` the chain length
+/// (e.g. a learning-rate schedule's total steps); inside a longer string they are substituted.
+fn interpolate_step(v: &toml::Value, at: Option<(usize, usize)>) -> toml::Value {
+    let (toml::Value::String(s), Some((step, repeat))) = (v, at) else {
+        return v.clone();
+    };
+    match s.as_str() {
+        "{step}" => toml::Value::Integer(step as i64),
+        "{repeat}" => toml::Value::Integer(repeat as i64),
+        _ => toml::Value::String(s.replace("{step}", &step.to_string()).replace("{repeat}", &repeat.to_string())),
     }
 }
 

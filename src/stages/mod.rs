@@ -27,6 +27,7 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "segment", version: "1", needs_ml: false },
     BuiltinInfo { name: "rollout", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_sigma", version: "1", needs_ml: true },
+    BuiltinInfo { name: "update", version: "1", needs_ml: true },
 ];
 
 /// Builtins that run without libtorch.

@@ -20,6 +20,7 @@ use rredcot::stages::prompt_text::prompt_text;
 use tch::nn::OptimizerConfig;
 use tch::{nn, Device, Kind, Tensor};
 
+pub use crate::train::lr_at;
 use crate::model::{self, ChatMessage, ChatTemplate, DecoderLm, ModelConfig, SamplingParams, Tokenizer};
 
 /// Architecture knobs of the model trained here (stage params of the same names).
@@ -66,16 +67,6 @@ fn encode_example(tok: &Tokenizer, row: &PromptRow) -> Result<(Vec<i64>, Vec<i64
         .with_context(|| format!("problem {}: no reference solution to train on", row.id))?;
     let target = tok.encode(&format!("{solution}<|im_end|>"))?;
     Ok((prompt, target))
-}
-
-/// Learning rate at `step` (0-based): linear warmup, then cosine from `lr` to `lr * min_ratio`.
-pub fn lr_at(step: usize, steps: usize, warmup: usize, lr: f64, min_ratio: f64) -> f64 {
-    if step < warmup {
-        return lr * (step + 1) as f64 / warmup as f64;
-    }
-    let t = (step - warmup) as f64 / (steps - warmup).max(1) as f64;
-    let cos = 0.5 * (1.0 + (std::f64::consts::PI * t.min(1.0)).cos());
-    lr * (min_ratio + (1.0 - min_ratio) * cos)
 }
 
 /// One right-padded batch: input ids, targets shifted by one, and the loss mask (solution tokens).

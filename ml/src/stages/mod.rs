@@ -5,6 +5,7 @@
 pub mod bootstrap_sft;
 pub mod rollout;
 pub mod score_sigma;
+pub mod update;
 
 use anyhow::{Context, Result};
 use rredcot::artifact::rows::PromptRow;
@@ -19,6 +20,7 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
         "bootstrap_sft" => bootstrap_sft::run,
         "rollout" => rollout::run,
         "score_sigma" => score_sigma::run,
+        "update" => update::run,
         _ => return light_builtin(name),
     })
 }

@@ -57,8 +57,11 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
     let prompts_path = ctx.input("prompts")?.to_path_buf();
     let mut prompts: Vec<PromptRow> = read_rows(&prompts_path, Schema::Prompts)?;
-    if limit > 0 {
-        prompts.truncate(limit);
+    let batch_index: usize = ctx.param("batch_index")?;
+    if limit > 0 && !prompts.is_empty() {
+        // Window `batch_index` of `limit` prompts, wrapping around (one window per training step).
+        let start = (batch_index * limit) % prompts.len();
+        prompts = prompts.iter().cycle().skip(start).take(limit.min(prompts.len())).cloned().collect();
     }
     let policy_hash = ctx.input_hash("policy")?.to_string();
     let (model, tok) = load_policy(ctx, "policy")?;

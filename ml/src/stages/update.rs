@@ -1,0 +1,396 @@
+//! `update`: one training step of the policy on the rollouts of that step (paper Eq. 11–12).
+//!
+//! Advantages are group-normalized outcome rewards ([`rredcot::credit::weights::advantages`]).
+//! Each completion's credit is uniform 1/|o| (`credit = "uniform"`, GRPO) or σ_t/|u_t| from the
+//! `scores` and `segments` inputs (`credit = "sigma"`, RREDCoT), mixed by `sigma_mix`. The loss is
+//! [`crate::train::loss::policy_loss`]; `inner_epochs` × minibatches optimizer steps of the
+//! resumable AdamW, each accumulated over micro-batches (so a batch larger than memory works),
+//! with a warmup + cosine schedule over the whole run (`step` of `total_steps`, usually
+//! `"{step}"` / `"{repeat}"` in a chain) and gradient clipping.
+//!
+//! Outputs: the next policy (HF checkpoint with tokenizer), the optimizer state, and a `metrics`
+//! table with one row per optimizer step. Deterministic for the same inputs, params and threads.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context, Result};
+use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
+use rredcot::artifact::{read_rows, write_rows, Schema};
+use rredcot::credit::sigma;
+use rredcot::credit::weights::{advantages, token_weights, ScaleRewards};
+use rredcot::engine::StageContext;
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use super::{encode_prompt, load_policy, set_threads};
+use crate::model::{self, DecoderLm, LoadOptions};
+use crate::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
+use crate::train::loss::{policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
+use crate::train::lr_at;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Credit {
+    Uniform,
+    Sigma,
+}
+
+/// One completion ready for the loss.
+struct Sequence {
+    /// Prompt + completion token ids.
+    ids: Vec<i64>,
+    prompt_len: usize,
+    /// Per completion token share of the sequence's credit (sums to 1).
+    credit: Vec<f64>,
+    advantage: f64,
+    reward: f64,
+    sigma_entropy: Option<f64>,
+}
+
+impl Sequence {
+    fn completion_len(&self) -> usize {
+        self.ids.len() - self.prompt_len
+    }
+}
+
+/// One row of the `metrics` output.
+#[derive(Debug, Serialize)]
+struct MetricsRow {
+    train_step: i64,
+    opt_step: i64,
+    epoch: i64,
+    minibatch: i64,
+    loss: f64,
+    kl: f64,
+    clip_fraction: f64,
+    grad_norm: f64,
+    lr: f64,
+    mean_reward: f64,
+    mean_sigma_entropy: f64,
+    sequences: i64,
+    tokens: i64,
+}
+
+/// Right-padded tensors of a micro-batch: ids `[B, L]`, and over completion positions (the
+/// targets `ids[:, 1:]`) the mask and credit `[B, L-1]`.
+fn micro_tensors(seqs: &[&Sequence], device: Device) -> (Tensor, Tensor, Tensor) {
+    let len = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(1);
+    let (mut ids, mut mask, mut credit) = (Vec::new(), Vec::new(), Vec::new());
+    for s in seqs {
+        for i in 0..len {
+            ids.push(*s.ids.get(i).unwrap_or(&0));
+        }
+        // Position i predicts token i + 1; completion tokens start at prompt_len.
+        for i in 0..len - 1 {
+            let tok = i + 1;
+            let inside = tok >= s.prompt_len && tok < s.ids.len();
+            mask.push(if inside { 1f32 } else { 0f32 });
+            credit.push(if inside { s.credit[tok - s.prompt_len] as f32 } else { 0f32 });
+        }
+    }
+    let b = seqs.len() as i64;
+    (
+        Tensor::from_slice(&ids).view([b, len as i64]).to_device(device),
+        Tensor::from_slice(&mask).view([b, len as i64 - 1]).to_device(device),
+        Tensor::from_slice(&credit).view([b, len as i64 - 1]).to_device(device),
+    )
+}
+
+/// Log-probabilities of `ids[:, 1:]` under the model (logits / temperature), `[B, L-1]`.
+fn token_logprobs(model: &DecoderLm, ids: &Tensor, temperature: f64) -> Result<Tensor> {
+    let len = ids.size()[1];
+    let logits = model.forward(&ids.narrow(1, 0, len - 1), None, None)?.to_kind(Kind::Float) / temperature;
+    Ok(logits.log_softmax(-1, Kind::Float).gather(-1, &ids.narrow(1, 1, len - 1).unsqueeze(-1), false).squeeze_dim(-1))
+}
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    set_threads(ctx)?;
+    let seed: i64 = ctx.param("seed")?;
+    tch::manual_seed(seed);
+    let credit_kind: Credit = ctx.param("credit")?;
+    let sigma_mix: f64 = ctx.param("sigma_mix")?;
+    let scale: ScaleRewards = ctx.param("scale_rewards")?;
+    let loss_cfg = LossConfig {
+        loss_type: ctx.param::<LossType>("loss_type")?,
+        importance_sampling: ctx.param::<IsLevel>("importance_sampling")?,
+        epsilon_low: ctx.param("epsilon_low")?,
+        epsilon_high: ctx.param("epsilon_high")?,
+        beta: ctx.param("beta")?,
+    };
+    let temperature: f64 = ctx.param("temperature")?;
+    let max_completion: usize = ctx.param("max_completion_length")?;
+    let inner_epochs: usize = ctx.param("inner_epochs")?;
+    let minibatch: usize = ctx.param("minibatch_size")?;
+    let micro: usize = ctx.param("micro_batch_size")?;
+    let (train_step, total_steps): (usize, usize) = (ctx.param("step")?, ctx.param("total_steps")?);
+    let (lr, warmup, min_ratio): (f64, usize, f64) = (ctx.param("lr")?, ctx.param("warmup_steps")?, ctx.param("min_lr_ratio")?);
+    let clip: f64 = ctx.param("grad_clip")?;
+    let adam = AdamWConfig {
+        beta1: ctx.param("adam_beta1")?,
+        beta2: ctx.param("adam_beta2")?,
+        eps: ctx.param("adam_eps")?,
+        weight_decay: ctx.param("weight_decay")?,
+    };
+    let allow_off_policy: bool = ctx.param("allow_off_policy")?;
+    if inner_epochs == 0 || micro == 0 || temperature <= 0.0 || total_steps == 0 {
+        bail!("stage `{}`: inner_epochs, micro_batch_size, temperature and total_steps must be positive", ctx.instance);
+    }
+    if !(0.0..=1.0).contains(&sigma_mix) {
+        bail!("stage `{}`: sigma_mix = {sigma_mix} is outside [0, 1]", ctx.instance);
+    }
+
+    // Inputs.
+    let prompts: Vec<PromptRow> = read_rows(ctx.input("prompts")?, Schema::Prompts)?;
+    let rollouts_path = ctx.input("rollouts")?.to_path_buf();
+    let rollouts: Vec<RolloutRow> = read_rows(&rollouts_path, Schema::Rollouts)?;
+    if rollouts.is_empty() {
+        bail!("{}: no rollouts to train on", rollouts_path.display());
+    }
+    let policy_hash = ctx.input_hash("policy")?.to_string();
+    if let Some(r) = rollouts.iter().find(|r| r.policy_ckpt != policy_hash).filter(|_| !allow_off_policy) {
+        bail!(
+            "{}: rollout (prompt {}, sample {}) was sampled from checkpoint {} but the policy input is {} (on-policy update; set allow_off_policy = true to train anyway)",
+            rollouts_path.display(), r.prompt_id, r.sample_idx, &r.policy_ckpt[..12.min(r.policy_ckpt.len())], &policy_hash[..12]
+        );
+    }
+    let sigma_of: HashMap<(String, i32), (ScoreRow, SegmentRow)> = if credit_kind == Credit::Sigma {
+        let scores: Vec<ScoreRow> = read_rows(ctx.input("scores")?, Schema::Scores)?;
+        let segs: Vec<SegmentRow> = read_rows(ctx.input("segments")?, Schema::Segments)?;
+        let mut by: HashMap<(String, i32), SegmentRow> = segs.into_iter().map(|s| ((s.prompt_id.clone(), s.sample_idx), s)).collect();
+        scores
+            .into_iter()
+            .filter_map(|sc| by.remove(&(sc.prompt_id.clone(), sc.sample_idx)).map(|sg| ((sc.prompt_id.clone(), sc.sample_idx), (sc, sg))))
+            .collect()
+    } else {
+        HashMap::new()
+    };
+    let (mut model, tok) = load_policy(ctx, "policy")?;
+    if model.kind() != Kind::Float {
+        model.set_kind(Kind::Float);
+    }
+    let device = model.device();
+    let context = model.cfg.max_position_embeddings as usize;
+    let by_id: HashMap<&str, &PromptRow> = prompts.iter().map(|p| (p.id.as_str(), p)).collect();
+
+    // Advantages over groups of the same prompt.
+    let mut group_of: HashMap<&str, usize> = HashMap::new();
+    let groups: Vec<usize> = rollouts.iter().map(|r| { let n = group_of.len(); *group_of.entry(r.prompt_id.as_str()).or_insert(n) }).collect();
+    let rewards: Vec<f64> = rollouts.iter().map(|r| r.reward).collect();
+    if let Some(i) = rewards.iter().position(|r| !r.is_finite()) {
+        bail!("{} row {i}: reward is {}", rollouts_path.display(), rewards[i]);
+    }
+    let (adv, flat_groups) = advantages(&rewards, &groups, scale, ctx.param("reward_eps")?);
+    ctx.count("groups", group_of.len() as i64);
+    ctx.count("groups_all_rewards_equal", flat_groups as i64);
+
+    let mut seqs = Vec::with_capacity(rollouts.len());
+    let mut empty = 0i64;
+    for (i, r) in rollouts.iter().enumerate() {
+        let at = || format!("{} row {i} (prompt {}, sample {})", rollouts_path.display(), r.prompt_id, r.sample_idx);
+        let n = r.completion_ids.len();
+        if n == 0 {
+            empty += 1;
+            continue;
+        }
+        let prompt = by_id.get(r.prompt_id.as_str()).with_context(|| format!("{}: prompt not in the wired prompts", at()))?;
+        let pids = encode_prompt(&tok, prompt).with_context(at)?;
+        if pids.len() + n > context {
+            bail!("{}: prompt + completion = {} tokens exceed the policy's context of {context}", at(), pids.len() + n);
+        }
+        if let Some(bad) = r.completion_ids.iter().find(|&&t| t < 0 || t as i64 >= model.cfg.vocab_size) {
+            bail!("{}: token id {bad} outside the policy's vocabulary ({}): rollouts and checkpoint disagree", at(), model.cfg.vocab_size);
+        }
+        let (credit, sigma_entropy) = match credit_kind {
+            Credit::Uniform => (token_weights(n, None, 0.0), None),
+            Credit::Sigma => {
+                let (sc, sg) = sigma_of
+                    .get(&(r.prompt_id.clone(), r.sample_idx))
+                    .with_context(|| format!("{}: no σ score/segments for this rollout", at()))?;
+                let ends: Vec<usize> = sg.seg_ends.iter().map(|&e| e as usize).collect();
+                if ends.last() != Some(&n) || sc.sigma.len() != ends.len() {
+                    bail!("{}: {} σ values / segments ending at {:?} do not fit {n} completion tokens", at(), sc.sigma.len(), ends.last());
+                }
+                if let Some(x) = sc.sigma.iter().find(|x| !x.is_finite()) {
+                    bail!("{}: σ value {x}", at());
+                }
+                (token_weights(n, Some((&sc.sigma, &ends)), sigma_mix), Some(sigma::entropy(&sc.sigma)))
+            }
+        };
+        seqs.push(Sequence {
+            ids: pids.iter().copied().chain(r.completion_ids.iter().map(|&t| t as i64)).collect(),
+            prompt_len: pids.len(),
+            credit,
+            advantage: adv[i],
+            reward: r.reward,
+            sigma_entropy,
+        });
+    }
+    ctx.count("empty_completions_skipped", empty);
+    if seqs.is_empty() {
+        bail!("{}: every rollout has an empty completion; nothing to train on", rollouts_path.display());
+    }
+
+    let reference = if loss_cfg.beta > 0.0 {
+        let path = ctx.input("reference")?;
+        Some(model::load(path, &LoadOptions { device: Default::default(), dtype: model::DtypeChoice::F32 }).with_context(|| format!("loading the reference policy {}", path.display()))?.model)
+    } else {
+        None
+    };
+
+    let mb_size = if minibatch == 0 { seqs.len() } else { minibatch };
+    let minibatches: Vec<&[Sequence]> = seqs.chunks(mb_size).collect();
+    let steps_per_update = inner_epochs * minibatches.len();
+    let params: Vec<(String, Tensor)> = {
+        let mut v: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let opt_dir = ctx.input("optimizer")?.to_path_buf();
+    let mut opt = AdamW::load_or_new(&opt_dir, adam)?;
+
+    // Old log-probs (π_old = the policy before this update) are only needed when the policy moves
+    // within the update; with one step, π_old = π detached (ratio 1), as in TRL.
+    let needs_old = steps_per_update > 1;
+    let micro_batches = |mb: &[Sequence]| -> Vec<Vec<usize>> {
+        (0..mb.len()).collect::<Vec<_>>().chunks(micro).map(|c| c.to_vec()).collect()
+    };
+    let mut old_logps: Vec<Vec<Tensor>> = Vec::new();
+    let mut ref_logps: Vec<Vec<Option<Tensor>>> = Vec::new();
+    for mb in &minibatches {
+        let (mut olds, mut refs) = (Vec::new(), Vec::new());
+        for idx in micro_batches(mb) {
+            let picked: Vec<&Sequence> = idx.iter().map(|&i| &mb[i]).collect();
+            let (ids, _, _) = micro_tensors(&picked, device);
+            olds.push(if needs_old { tch::no_grad(|| token_logprobs(&model, &ids, temperature))? } else { Tensor::new() });
+            refs.push(match &reference {
+                Some(r) => Some(tch::no_grad(|| token_logprobs(r, &ids, temperature))?),
+                None => None,
+            });
+        }
+        old_logps.push(olds);
+        ref_logps.push(refs);
+    }
+
+    let mut metrics = Vec::new();
+    let mut progress = ctx.progress(steps_per_update as u64, "update");
+    for epoch in 0..inner_epochs {
+        for (mbi, mb) in minibatches.iter().enumerate() {
+            let opt_step = epoch * minibatches.len() + mbi;
+            let global = train_step * steps_per_update + opt_step;
+            let step_lr = lr_at(global, total_steps * steps_per_update, warmup, lr, min_ratio);
+            let parts_idx = micro_batches(mb);
+            let lens: Vec<Vec<usize>> = parts_idx.iter().map(|idx| idx.iter().map(|&i| mb[i].completion_len()).collect()).collect();
+            let factors = sequence_factors(loss_cfg.loss_type, &lens, max_completion);
+            for (_, p) in &params {
+                let mut g = p.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            let (mut loss_sum, mut kl_sum, mut clip_sum, mut tokens) = (0.0, 0.0, 0.0, 0i64);
+            for (k, idx) in parts_idx.iter().enumerate() {
+                let picked: Vec<&Sequence> = idx.iter().map(|&i| &mb[i]).collect();
+                let (ids, mask, credit) = micro_tensors(&picked, device);
+                let logp = token_logprobs(&model, &ids, temperature)?;
+                let old = if needs_old { old_logps[mbi][k].shallow_clone() } else { logp.detach() };
+                let adv_t = Tensor::from_slice(&picked.iter().map(|s| s.advantage as f32).collect::<Vec<_>>()).to_device(device);
+                let f_t = Tensor::from_slice(&factors[k].iter().map(|&f| f as f32).collect::<Vec<_>>()).to_device(device);
+                let parts = policy_loss(&loss_cfg, &logp, &old, ref_logps[mbi][k].as_ref(), &adv_t, &credit, &f_t, &mask);
+                let l = parts.loss.double_value(&[]);
+                if !l.is_finite() {
+                    bail!(
+                        "update step {train_step}: loss is {l} in optimizer step {opt_step}, micro-batch {k} (lr {step_lr:.3e}); nothing was saved"
+                    );
+                }
+                parts.loss.backward();
+                let n_tok = mask.sum(Kind::Float).double_value(&[]);
+                loss_sum += l;
+                kl_sum += parts.kl * n_tok;
+                clip_sum += parts.clip_fraction * n_tok;
+                tokens += n_tok as i64;
+            }
+            let norm = grad_norm(&params).map_err(|name| {
+                anyhow::anyhow!("update step {train_step}: gradient of `{name}` is not finite in optimizer step {opt_step} (lr {step_lr:.3e}); nothing was saved")
+            })?;
+            clip_grads(&params, norm, clip);
+            opt.step(&params, step_lr)?;
+            let sig: Vec<f64> = mb.iter().filter_map(|s| s.sigma_entropy).collect();
+            metrics.push(MetricsRow {
+                train_step: train_step as i64,
+                opt_step: opt_step as i64,
+                epoch: epoch as i64,
+                minibatch: mbi as i64,
+                loss: loss_sum,
+                kl: kl_sum / tokens.max(1) as f64,
+                clip_fraction: clip_sum / tokens.max(1) as f64,
+                grad_norm: norm,
+                lr: step_lr,
+                mean_reward: mb.iter().map(|s| s.reward).sum::<f64>() / mb.len() as f64,
+                mean_sigma_entropy: if sig.is_empty() { f64::NAN } else { sig.iter().sum::<f64>() / sig.len() as f64 },
+                sequences: mb.len() as i64,
+                tokens,
+            });
+            progress.set(opt_step as u64 + 1, &format!("update loss {loss_sum:.4} |g| {norm:.3}"));
+        }
+    }
+    progress.finish();
+    let last = metrics.last().expect("at least one optimizer step");
+    ctx.metric("loss", last.loss);
+    ctx.metric("grad_norm", last.grad_norm);
+    ctx.metric("kl", last.kl);
+    ctx.metric("clip_fraction", last.clip_fraction);
+    ctx.metric("lr", last.lr);
+    ctx.metric("mean_reward", rewards.iter().sum::<f64>() / rewards.len() as f64);
+    ctx.count("optimizer_steps", metrics.len() as i64);
+    ctx.count("tokens_trained", seqs.iter().map(|s| s.completion_len() as i64).sum::<i64>() * inner_epochs as i64);
+
+    let out = ctx.output("policy")?.to_path_buf();
+    std::fs::create_dir_all(&out)?;
+    model::save(&model, Some(&tok), &out)?;
+    opt.save(ctx.output("optimizer")?)?;
+    write_rows(ctx.output("metrics")?, Schema::Table, &metrics)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_batch_masks_exactly_the_completion_and_carries_its_credit() {
+        let a = Sequence { ids: vec![5, 6, 7, 8], prompt_len: 2, credit: vec![0.25, 0.75], advantage: 1.0, reward: 1.0, sigma_entropy: None };
+        let b = Sequence { ids: vec![5, 9, 9], prompt_len: 1, credit: vec![0.5, 0.5], advantage: -1.0, reward: 0.0, sigma_entropy: None };
+        let (ids, mask, credit) = micro_tensors(&[&a, &b], Device::Cpu);
+        assert_eq!(ids.size(), vec![2, 4]);
+        let mask: Vec<f32> = Vec::try_from(mask.flatten(0, -1)).unwrap();
+        let credit: Vec<f32> = Vec::try_from(credit.flatten(0, -1)).unwrap();
+        // Targets of a: 6 7 8 (completion 7 8 at target positions 1, 2); of b: 9 9 pad.
+        assert_eq!(mask, vec![0., 1., 1., 1., 1., 0.]);
+        assert_eq!(credit, vec![0., 0.25, 0.75, 0.5, 0.5, 0.]);
+    }
+
+    #[test]
+    fn sigma_proportional_to_segment_length_is_the_grpo_loss_and_gradient() {
+        use crate::train::loss::{policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
+        let (n, ends, sig) = (10usize, vec![3usize, 4, 10], vec![0.3, 0.1, 0.6]);
+        let make = |credit: Vec<f64>, adv: f64| Sequence { ids: (1..=12).collect(), prompt_len: 2, credit, advantage: adv, reward: 0.0, sigma_entropy: None };
+        let grpo = [make(token_weights(n, None, 0.0), 1.0), make(token_weights(n, None, 0.0), -1.0)];
+        let rred = [make(token_weights(n, Some((&sig, &ends)), 1.0), 1.0), make(token_weights(n, Some((&sig, &ends)), 1.0), -1.0)];
+        let cfg = LossConfig { loss_type: LossType::Grpo, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.2, beta: 0.0 };
+        let loss_and_grad = |seqs: &[Sequence]| {
+            let (_, mask, credit) = micro_tensors(&seqs.iter().collect::<Vec<_>>(), Device::Cpu);
+            tch::manual_seed(0);
+            let mut logp = (Tensor::rand([2, 11], (Kind::Float, Device::Cpu)) * -2.0).set_requires_grad(true);
+            logp.zero_grad();
+            let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[vec![n, n]], n)[0].iter().map(|&x| x as f32).collect::<Vec<_>>());
+            let adv = Tensor::from_slice(&[1.0f32, -1.0]);
+            let parts = policy_loss(&cfg, &logp, &logp.detach(), None, &adv, &credit, &f, &mask);
+            parts.loss.backward();
+            (parts.loss.double_value(&[]), logp.grad())
+        };
+        let (lg, gg) = loss_and_grad(&grpo);
+        let (lr, gr) = loss_and_grad(&rred);
+        assert!((lg - lr).abs() < 1e-7, "{lg} vs {lr}");
+        assert!((gg - gr).abs().max().double_value(&[]) < 1e-7);
+    }
+}

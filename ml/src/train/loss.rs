@@ -1,0 +1,240 @@
+//! The clipped policy-gradient loss of GRPO and its variants, with per-token credit (paper Eq.
+//! 11–12). Formulas follow TRL's `GRPOTrainer._compute_loss`:
+//!
+//! - ratio ρ = exp(log π − log π_old) per token (`importance_sampling = token`) or
+//!   exp(mean over the sequence of the log-ratio) (`sequence`, GSPO);
+//! - per-token loss ℓ = −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A) + β·k3, with
+//!   k3 = exp(log π_ref − log π) − (log π_ref − log π) − 1;
+//! - aggregation: each sequence i contributes f_i · Σ_k d_ik ℓ_ik, where d_ik is the token's share
+//!   of the sequence's credit (Σ_k d_ik = 1: 1/|o| for GRPO, σ_t/|u_t| for RREDCoT) and f_i the
+//!   sequence's weight under `loss_type` (see [`sequence_factors`]). With d = 1/|o| this is
+//!   exactly TRL's `grpo`, `bnpo`, `dr_grpo` and `dapo`.
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    /// Mean over sequences of each sequence's token mean.
+    Grpo,
+    /// Token mean over each micro-batch, averaged over the micro-batches of a step.
+    Bnpo,
+    /// Token sum over (sequences × max completion length).
+    DrGrpo,
+    /// Token mean over the whole optimizer step's minibatch.
+    Dapo,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IsLevel {
+    Token,
+    Sequence,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LossConfig {
+    pub loss_type: LossType,
+    pub importance_sampling: IsLevel,
+    pub epsilon_low: f64,
+    pub epsilon_high: f64,
+    /// KL coefficient; 0 = no reference policy.
+    pub beta: f64,
+}
+
+/// f_i for the sequences of one optimizer step. `lens[m][i]` = completion tokens of sequence i
+/// of micro-batch m; `max_len` = the configured maximum completion length (dr_grpo).
+pub fn sequence_factors(loss_type: LossType, lens: &[Vec<usize>], max_len: usize) -> Vec<Vec<f64>> {
+    let n_seq: usize = lens.iter().map(Vec::len).sum();
+    let all_tokens: usize = lens.iter().flatten().sum();
+    let micro = lens.len() as f64;
+    lens.iter()
+        .map(|mb| {
+            let mb_tokens: usize = mb.iter().sum();
+            mb.iter()
+                .map(|&l| match loss_type {
+                    LossType::Grpo => 1.0 / n_seq as f64,
+                    LossType::Bnpo => l as f64 / (mb_tokens.max(1) as f64 * micro),
+                    LossType::DrGrpo => l as f64 / (n_seq as f64 * max_len.max(1) as f64),
+                    LossType::Dapo => l as f64 / all_tokens.max(1) as f64,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Loss of one micro-batch and its diagnostics.
+pub struct LossParts {
+    /// Scalar to backpropagate (its sum over the step's micro-batches is the step's loss).
+    pub loss: Tensor,
+    /// Mean k3 KL over completion tokens (0 without a reference).
+    pub kl: f64,
+    /// Fraction of completion tokens whose ratio was clipped.
+    pub clip_fraction: f64,
+}
+
+/// `logp`, `old_logp`, `ref_logp`, `credit`, `mask`: `[B, T]` over completion positions;
+/// `adv`, `factor`: `[B]`. `credit` rows sum to 1 over the mask.
+#[allow(clippy::too_many_arguments)]
+pub fn policy_loss(
+    cfg: &LossConfig,
+    logp: &Tensor,
+    old_logp: &Tensor,
+    ref_logp: Option<&Tensor>,
+    adv: &Tensor,
+    credit: &Tensor,
+    factor: &Tensor,
+    mask: &Tensor,
+) -> LossParts {
+    let log_ratio = (logp - old_logp) * mask;
+    let log_w = match cfg.importance_sampling {
+        IsLevel::Token => log_ratio.shallow_clone(),
+        IsLevel::Sequence => {
+            (log_ratio.sum_dim_intlist(-1, true, None::<Kind>) / mask.sum_dim_intlist(-1, true, None::<Kind>).clamp_min(1.0))
+                .expand_as(logp)
+        }
+    };
+    let coef1 = log_w.exp();
+    let coef2 = coef1.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
+    let a = adv.unsqueeze(-1);
+    let mut per_token = -(&coef1 * &a).minimum(&(&coef2 * &a));
+    let mut kl = 0.0;
+    if let (Some(r), true) = (ref_logp, cfg.beta > 0.0) {
+        let d = r - logp;
+        let k3 = d.exp() - &d - 1.0;
+        kl = (&k3 * mask).sum(None::<Kind>).double_value(&[]) / mask.sum(None::<Kind>).double_value(&[]).max(1.0);
+        per_token = per_token + k3 * cfg.beta;
+    }
+    let clipped = coef1.lt(1.0 - cfg.epsilon_low).logical_and(&a.lt(0.0)).logical_or(&coef1.gt(1.0 + cfg.epsilon_high).logical_and(&a.gt(0.0)));
+    let clip_fraction = (clipped.to_kind(mask.kind()) * mask).sum(None::<Kind>).double_value(&[])
+        / mask.sum(None::<Kind>).double_value(&[]).max(1.0);
+    let per_seq = (per_token * credit * mask).sum_dim_intlist(-1, false, None::<Kind>);
+    LossParts { loss: (per_seq * factor).sum(None::<Kind>), kl, clip_fraction }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch of 3 sequences (lengths 4, 2, 3 in a [3, 4] mask) with random log-probs.
+    fn batch() -> (Tensor, Tensor, Tensor, Vec<usize>) {
+        tch::manual_seed(3);
+        let logp = (Tensor::rand([3, 4], (Kind::Double, tch::Device::Cpu)) * -3.0).set_requires_grad(true);
+        let old = (&logp.detach() + Tensor::randn([3, 4], (Kind::Double, tch::Device::Cpu)) * 0.3).detach();
+        let mask = Tensor::from_slice(&[1., 1., 1., 1., 1., 1., 0., 0., 1., 1., 1., 0.]).view([3, 4]).to_kind(Kind::Double);
+        (logp, old, mask, vec![4, 2, 3])
+    }
+
+    fn cfg(loss_type: LossType) -> LossConfig {
+        LossConfig { loss_type, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.28, beta: 0.0 }
+    }
+
+    fn uniform_credit(lens: &[usize], t: i64) -> Tensor {
+        let mut v = Vec::new();
+        for &l in lens {
+            for k in 0..t as usize {
+                v.push(if k < l { 1.0 / l as f64 } else { 0.0 });
+            }
+        }
+        Tensor::from_slice(&v).view([lens.len() as i64, t])
+    }
+
+    /// TRL's formulas written out with plain loops over f64 (one micro-batch).
+    fn trl_reference(c: &LossConfig, logp: &Tensor, old: &Tensor, adv: &[f64], lens: &[usize], max_len: usize) -> f64 {
+        let lp: Vec<Vec<f64>> = Vec::try_from(logp.detach()).unwrap();
+        let ol: Vec<Vec<f64>> = Vec::try_from(old.shallow_clone()).unwrap();
+        let mut per_seq_sum = vec![0.0; lens.len()];
+        for (i, &l) in lens.iter().enumerate() {
+            for k in 0..l {
+                let r = (lp[i][k] - ol[i][k]).exp();
+                let rc = r.clamp(1.0 - c.epsilon_low, 1.0 + c.epsilon_high);
+                per_seq_sum[i] += -(r * adv[i]).min(rc * adv[i]);
+            }
+        }
+        let tokens: usize = lens.iter().sum();
+        match c.loss_type {
+            LossType::Grpo => per_seq_sum.iter().zip(lens).map(|(s, &l)| s / l as f64).sum::<f64>() / lens.len() as f64,
+            LossType::Bnpo | LossType::Dapo => per_seq_sum.iter().sum::<f64>() / tokens as f64,
+            LossType::DrGrpo => per_seq_sum.iter().sum::<f64>() / (lens.len() * max_len) as f64,
+        }
+    }
+
+    #[test]
+    fn uniform_credit_matches_trl_for_every_loss_type() {
+        let (logp, old, mask, lens) = batch();
+        let adv = [1.5, -0.5, -1.0];
+        let adv_t = Tensor::from_slice(&adv);
+        for lt in [LossType::Grpo, LossType::Bnpo, LossType::DrGrpo, LossType::Dapo] {
+            let c = cfg(lt);
+            let f = Tensor::from_slice(&sequence_factors(lt, &[lens.clone()], 4)[0]);
+            let ours = policy_loss(&c, &logp, &old, None, &adv_t, &uniform_credit(&lens, 4), &f, &mask);
+            let want = trl_reference(&c, &logp, &old, &adv, &lens, 4);
+            let got = ours.loss.double_value(&[]);
+            assert!((got - want).abs() < 1e-12, "{lt:?}: {got} vs TRL {want}");
+        }
+    }
+
+    #[test]
+    fn on_policy_gradient_is_minus_advantage_times_token_weight() {
+        let (mut logp, _, mask, lens) = batch();
+        let old = logp.detach();
+        let adv = Tensor::from_slice(&[1.5, -0.5, -1.0]);
+        // A non-uniform credit (as σ gives) that sums to 1 per sequence.
+        let credit = Tensor::from_slice(&[0.1, 0.2, 0.3, 0.4, 0.5, 0.5, 0., 0., 0.6, 0.3, 0.1, 0.])
+            .view([3, 4])
+            .to_kind(Kind::Double);
+        for lt in [LossType::Grpo, LossType::DrGrpo, LossType::Dapo] {
+            let f = Tensor::from_slice(&sequence_factors(lt, &[lens.clone()], 4)[0]);
+            logp.zero_grad();
+            let parts = policy_loss(&cfg(lt), &logp, &old, None, &adv, &credit, &f, &mask);
+            parts.loss.backward();
+            let want = -(adv.unsqueeze(-1) * f.unsqueeze(-1) * &credit * &mask);
+            let diff = (logp.grad() - want).abs().max().double_value(&[]);
+            assert!(diff < 1e-12, "{lt:?}: gradient off by {diff}");
+            assert_eq!(parts.clip_fraction, 0.0);
+        }
+    }
+
+    #[test]
+    fn sequence_level_ratio_and_kl_follow_their_formulas() {
+        let (logp, old, mask, lens) = batch();
+        let adv = Tensor::from_slice(&[1.0, 1.0, 1.0]);
+        let mut c = cfg(LossType::Grpo);
+        c.importance_sampling = IsLevel::Sequence;
+        c.epsilon_low = 10.0;
+        c.epsilon_high = 10.0;
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4)[0]);
+        let got = policy_loss(&c, &logp, &old, None, &adv, &uniform_credit(&lens, 4), &f, &mask).loss.double_value(&[]);
+        // No clipping: each sequence's loss is −exp(mean log-ratio).
+        let lp: Vec<Vec<f64>> = Vec::try_from(logp.detach()).unwrap();
+        let ol: Vec<Vec<f64>> = Vec::try_from(old.shallow_clone()).unwrap();
+        let want: f64 = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| -((0..l).map(|k| lp[i][k] - ol[i][k]).sum::<f64>() / l as f64).exp())
+            .sum::<f64>()
+            / 3.0;
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+        // KL: the k3 estimator, zero when the reference equals the policy.
+        let mut c = cfg(LossType::Grpo);
+        c.beta = 0.5;
+        let same = policy_loss(&c, &logp, &logp.detach(), Some(&logp.detach()), &adv, &uniform_credit(&lens, 4), &f, &mask);
+        assert_eq!(same.kl, 0.0);
+        let other = policy_loss(&c, &logp, &logp.detach(), Some(&old), &adv, &uniform_credit(&lens, 4), &f, &mask);
+        assert!(other.kl > 0.0);
+    }
+
+    #[test]
+    fn factors_follow_each_aggregation() {
+        let lens = vec![vec![4, 2], vec![3]];
+        let f = sequence_factors(LossType::Grpo, &lens, 10);
+        assert_eq!(f, vec![vec![1.0 / 3.0; 2], vec![1.0 / 3.0]]);
+        let f = sequence_factors(LossType::Dapo, &lens, 10);
+        assert_eq!(f, vec![vec![4.0 / 9.0, 2.0 / 9.0], vec![3.0 / 9.0]]);
+        let f = sequence_factors(LossType::Bnpo, &lens, 10);
+        assert_eq!(f, vec![vec![4.0 / 12.0, 2.0 / 12.0], vec![3.0 / 6.0]]);
+        let f = sequence_factors(LossType::DrGrpo, &lens, 10);
+        assert_eq!(f, vec![vec![4.0 / 30.0, 2.0 / 30.0], vec![3.0 / 30.0]]);
+    }
+}
