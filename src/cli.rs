@@ -212,7 +212,8 @@ fn dispatch(cli: Cli, rt: &Runtime) -> Result<i32> {
                 }
             };
             let summary = run_pipeline(&p, &store, &opts, exec.as_mut())?;
-            if dry_run {
+            // With --json, stdout carries only the summary (it has `would_run`).
+            if dry_run && !json {
                 for (name, why) in &summary.would_run {
                     println!("would run  {name}: {}", why.join("; "));
                 }
