@@ -146,10 +146,10 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
         assert!((sc[0].r[t] - want).abs() < 1e-4, "R_{t}: stage {} vs oracle {want}", sc[0].r[t]);
     }
 
-    // Changing the segmentation reruns exactly segment + score; nothing is sampled again.
+    // Changing the segmentation reruns exactly segment + score + update; nothing is sampled again.
     for change in ["segment.max_segments=3", "segment.method=keyword", "segment.method=entropy"] {
         let again = run_ok(&store, &[change]);
-        assert_eq!(names(&again["ran"]), vec!["score", "segment"], "{change}: {again}");
+        assert_eq!(names(&again["ran"]), vec!["score", "segment", "update"], "{change}: {again}");
         assert!(names(&again["cached"]).contains(&"rollout".to_string()));
         assert_eq!(again["counters"]["tokens_generated"].as_i64().unwrap_or(0), 0, "{change}");
         let segs: Vec<SegmentRow> = read_rows(&output(&store, &again, "segment", "segments"), Schema::Segments).unwrap();
@@ -161,7 +161,7 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
 
     // The naive scorer (one prefill per cut) gives the same values as the KV-shared one.
     let naive = run_ok(&store, &["score.scorer=naive"]);
-    assert_eq!(names(&naive["ran"]), vec!["score"]);
+    assert_eq!(names(&naive["ran"]), vec!["score", "update"]);
     for (a, b) in sc.iter().zip(scores(&store, &naive)) {
         for (x, y) in a.r.iter().chain(&a.v).zip(b.r.iter().chain(&b.v)) {
             assert!((x - y).abs() < 1e-4, "kv-shared {x} vs naive {y}");
@@ -227,7 +227,7 @@ fn missing_reference_solution_is_a_row_error_or_counted_uniform_credit() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(names(&s["ran"]), vec!["score"], "only the failed stage reruns");
+    assert_eq!(names(&s["ran"]), vec!["score", "update"], "only the failed stage and what follows run");
     let rec = record(&store, &s, "score");
     assert_eq!(rec["counters"]["missing_reference"].as_i64(), Some(6));
     for row in scores(&store, &s) {
