@@ -194,6 +194,25 @@ pub fn bounds(cuts: &[usize], n: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// The ends of a `segments` row (`starts`/`ends`, end exclusive), checked to tile a completion of
+/// `n` tokens with non-empty segments: what every consumer of segments relies on.
+pub fn checked_ends(starts: &[i32], ends: &[i32], n: usize) -> Result<Vec<usize>, String> {
+    if starts.len() != ends.len() || starts.is_empty() {
+        return Err(format!("{} starts and {} ends", starts.len(), ends.len()));
+    }
+    let mut expect = 0usize;
+    for (&s, &e) in starts.iter().zip(ends) {
+        if s as usize != expect || e <= s {
+            return Err(format!("segments do not tile the completion (segment {s}..{e}, expected a start at {expect})"));
+        }
+        expect = e as usize;
+    }
+    if expect != n {
+        return Err(format!("segments end at token {expect}, the completion has {n} tokens"));
+    }
+    Ok(ends.iter().map(|&e| e as usize).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +239,15 @@ mod tests {
         for (s, e) in b {
             assert!(s < e, "empty segment {s}..{e} in {cuts:?}");
         }
+    }
+
+    #[test]
+    fn segment_rows_must_tile_the_completion() {
+        assert_eq!(checked_ends(&[0, 3], &[3, 5], 5), Ok(vec![3, 5]));
+        assert!(checked_ends(&[0, 4], &[3, 5], 5).unwrap_err().contains("tile"));
+        assert!(checked_ends(&[0], &[4], 5).unwrap_err().contains("5 tokens"));
+        assert!(checked_ends(&[0, 3], &[3, 3], 3).is_err(), "empty segment");
+        assert!(checked_ends(&[], &[], 0).is_err());
     }
 
     #[test]

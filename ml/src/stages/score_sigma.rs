@@ -16,6 +16,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
+use rredcot::credit::segmentation::checked_ends;
 use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::engine::StageContext;
 
@@ -65,24 +66,6 @@ struct Settings {
     scorer: Scorer,
 }
 
-/// Checks that the segments tile the completion; returns the segment ends.
-fn checked_ends(seg: &SegmentRow, n: usize) -> std::result::Result<Vec<usize>, String> {
-    if seg.seg_starts.len() != seg.seg_ends.len() || seg.seg_starts.is_empty() {
-        return Err(format!("{} starts and {} ends", seg.seg_starts.len(), seg.seg_ends.len()));
-    }
-    let mut expect = 0usize;
-    for (&s, &e) in seg.seg_starts.iter().zip(&seg.seg_ends) {
-        if s as usize != expect || e <= s {
-            return Err(format!("segments do not tile the completion (segment {s}..{e}, expected a start at {expect})"));
-        }
-        expect = e as usize;
-    }
-    if expect != n {
-        return Err(format!("segments end at token {expect}, the completion has {n} tokens"));
-    }
-    Ok(seg.seg_ends.iter().map(|&e| e as usize).collect())
-}
-
 /// Fewest reference-solution tokens kept when `on_too_long = "truncate"` shortens u*.
 const MIN_SOLUTION_TOKENS: usize = 32;
 
@@ -105,7 +88,7 @@ fn score_one(
     seg: &SegmentRow,
 ) -> Result<Scored> {
     let n = rollout.completion_ids.len();
-    let ends = checked_ends(seg, n).map_err(anyhow::Error::msg)?;
+    let ends = checked_ends(&seg.seg_starts, &seg.seg_ends, n).map_err(anyhow::Error::msg)?;
     let uniform = |missing: bool| Scored {
         row: ScoreRow {
             prompt_id: seg.prompt_id.clone(),
@@ -142,8 +125,8 @@ fn score_one(
         completion.pop();
     }
     let p = prompt_ids.len();
-    let trace: Vec<i64> = prompt_ids.into_iter().chain(completion.iter().copied()).collect();
-    let cuts: Vec<usize> = std::iter::once(p).chain(ends.iter().map(|&e| p + e.min(completion.len()))).collect();
+    let mut trace: Vec<i64> = prompt_ids.into_iter().chain(completion.iter().copied()).collect();
+    let mut cuts: Vec<usize> = std::iter::once(p).chain(ends.iter().map(|&e| p + e.min(completion.len()))).collect();
 
     let context = model.cfg.max_position_embeddings as usize;
     let y = match answer.filter(|_| need_answer) {
@@ -155,7 +138,6 @@ fn score_one(
         None => None,
     };
     let longest = |y: &Option<Vec<i64>>, u: &Option<Vec<i64>>| y.iter().chain(u.iter()).map(Vec::len).max().unwrap_or(0);
-    let (mut trace, mut cuts) = (trace, cuts);
     let (mut solution_truncated, mut trace_truncated) = (false, false);
     if trace.len() + longest(&y, &u) > context {
         if s.on_too_long == OnTooLong::Error {
@@ -272,22 +254,4 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
     write_rows(ctx.output("scores")?, Schema::Scores, &out)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn seg(starts: &[i32], ends: &[i32]) -> SegmentRow {
-        SegmentRow { prompt_id: "p".into(), sample_idx: 0, seg_starts: starts.to_vec(), seg_ends: ends.to_vec(), method: "m".into() }
-    }
-
-    #[test]
-    fn segments_must_tile_the_completion() {
-        assert_eq!(checked_ends(&seg(&[0, 3], &[3, 5]), 5), Ok(vec![3, 5]));
-        assert!(checked_ends(&seg(&[0, 4], &[3, 5]), 5).unwrap_err().contains("tile"));
-        assert!(checked_ends(&seg(&[0], &[4]), 5).unwrap_err().contains("5 tokens"));
-        assert!(checked_ends(&seg(&[0, 3], &[3, 3]), 3).is_err(), "empty segment");
-        assert!(checked_ends(&seg(&[], &[]), 0).is_err());
-    }
 }

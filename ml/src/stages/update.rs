@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
+use rredcot::credit::segmentation::checked_ends;
 use rredcot::credit::sigma;
 use rredcot::credit::weights::{advantages, token_weights, ScaleRewards};
 use rredcot::engine::StageContext;
@@ -206,9 +207,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                 let (sc, sg) = sigma_of
                     .get(&(r.prompt_id.clone(), r.sample_idx))
                     .with_context(|| format!("{}: no σ score/segments for this rollout", at()))?;
-                let ends: Vec<usize> = sg.seg_ends.iter().map(|&e| e as usize).collect();
-                if ends.last() != Some(&n) || sc.sigma.len() != ends.len() {
-                    bail!("{}: {} σ values / segments ending at {:?} do not fit {n} completion tokens", at(), sc.sigma.len(), ends.last());
+                // A malformed segments row is an error here, not a panic in token_weights.
+                let ends = checked_ends(&sg.seg_starts, &sg.seg_ends, n).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+                if sc.sigma.len() != ends.len() {
+                    bail!("{}: {} σ values for {} segments", at(), sc.sigma.len(), ends.len());
                 }
                 if let Some(x) = sc.sigma.iter().find(|x| !x.is_finite()) {
                     bail!("{}: σ value {x}", at());
