@@ -126,6 +126,8 @@ impl Schema {
                 s("prompt_id", false),
                 s("benchmark", false),
                 i32f("sample_idx"),
+                s("question", false),
+                s("reference", true),
                 s("text", false),
                 s("answer", true),
                 Field::new("correct_verifier", DataType::Boolean, false),

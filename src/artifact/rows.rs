@@ -58,7 +58,12 @@ pub struct EvalRow {
     pub prompt_id: String,
     pub benchmark: String,
     pub sample_idx: i32,
+    /// The problem as posed (the prompt's text), so a judge needs no other input.
+    pub question: String,
+    /// Reference answer y* (None when the benchmark has none: counted wrong by the verifier).
+    pub reference: Option<String>,
     pub text: String,
+    /// Answer extracted from `text` by the verifier (None: unparseable, counted wrong).
     pub answer: Option<String>,
     pub correct_verifier: bool,
     pub correct_judge: Option<bool>,
