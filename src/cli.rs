@@ -453,7 +453,7 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
         }
         println!("inputs");
         for (k, r) in &n.inputs {
-            let schema = n.kind.inputs.get(k).map(|s| s.name()).unwrap_or("?");
+            let schema = n.kind.input_schema(k).map(|s| s.name()).unwrap_or("?");
             let hash = spec.as_ref().and_then(|s| s.inputs.get(k)).map(|i| short(&i.hash).to_string()).unwrap_or("(not computed yet)".into());
             println!("  {k} ({schema}) <- {}  hash {hash}", input_label(p, r));
         }

@@ -133,3 +133,61 @@ fn run_record_has_the_contract_fields() {
     assert!(r["peak_rss_mb"].as_f64().unwrap() > 0.0);
     assert!(r["versions"]["arrow"].is_string());
 }
+
+#[test]
+fn input_groups_take_labelled_members_and_one_per_chain_step() {
+    let p = Project::new();
+    // Writes the io JSON it got: the test reads which inputs arrived under which names.
+    p.write(
+        "stages/collect.toml",
+        "command = \"mkdir -p {outputs.out} && cp {io} {outputs.out}/io.json\"\nversion = \"1\"\n[input_groups]\nxs = \"table\"\n[outputs]\nout = \"dir\"\n",
+    );
+    let body = r#"
+[[stage]]
+name = "numbers"
+uses = "demo_numbers"
+params = { n = 5, seed = 1 }
+
+[[chain]]
+name = "train"
+repeat = 3
+carry = { "step.state" = "step.state" }
+  [[chain.stage]]
+  name = "step"
+  uses = "demo_step"
+  inputs = { state = "numbers.table" }
+
+[[stage]]
+name = "collect"
+inputs = { "xs.first" = "numbers.table", "xs.curve" = "train.step[*].state", "xs.final" = "train.step[last].state" }
+"#;
+    let pl = p.pipeline("groups", body);
+    let s = p.run_ok(&pl, &[]);
+    let key = s["keys"]["collect"].as_str().unwrap();
+    let io: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(p.store().join("instances").join(key).join("outputs/out/io.json")).unwrap()).unwrap();
+    let names: Vec<&String> = io["inputs"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["xs.curve[0]", "xs.curve[1]", "xs.curve[2]", "xs.final", "xs.first"], "{io}");
+    let path = |n: &str| io["inputs"][n]["path"].as_str().unwrap().to_string();
+    assert_eq!(std::fs::read(path("xs.curve[2]")).unwrap(), std::fs::read(path("xs.final")).unwrap());
+    assert_ne!(std::fs::read(path("xs.curve[0]")).unwrap(), std::fs::read(path("xs.curve[1]")).unwrap());
+
+    // A longer chain adds a member, so the collector reruns; the steps already done stay cached.
+    let s = p.run_ok(&pl, &["--set", "train.repeat=4"]);
+    assert_eq!(names_of(&s, "ran"), ["collect", "train.step[3]"], "{s}");
+
+    // Unknown group or a member outside any group: a clear wiring error.
+    let bad = p.pipeline("bad", "[[stage]]\nname = \"numbers\"\nuses = \"demo_numbers\"\n[[stage]]\nname = \"collect\"\ninputs = { \"ys.a\" = \"numbers.table\" }\n");
+    let out = p.run(&["pipeline", "run", bad.to_str().unwrap()]);
+    let err = common::text(&out.stderr);
+    assert!(!out.status.success() && err.contains("no input `ys.a`") && err.contains("xs.<label> (group)"), "{err}");
+    let bad = p.pipeline("bad2", "[[stage]]\nname = \"numbers\"\nuses = \"demo_numbers\"\n[[stage]]\nname = \"collect\"\ninputs = { \"xs.a\" = \"numbers[*].table\" }\n");
+    let err = common::text(&p.run(&["pipeline", "run", bad.to_str().unwrap()]).stderr);
+    assert!(err.contains("no chain `numbers`"), "{err}");
+}
+
+fn names_of(s: &serde_json::Value, field: &str) -> Vec<String> {
+    let mut v = names(s, field);
+    v.sort();
+    v
+}

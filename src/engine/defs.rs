@@ -29,6 +29,11 @@ pub struct StageKindFile {
     pub version: String,
     #[serde(default)]
     pub inputs: BTreeMap<String, String>,
+    /// Groups of inputs of one schema, any number of them: a pipeline wires `group.label = ref`
+    /// (e.g. a report's `evals.GRPO`, an eval's `benchmarks.math500`), and `chain.stage[*].out`
+    /// wires one input per step (`group.label[i]`).
+    #[serde(default)]
+    pub input_groups: BTreeMap<String, String>,
     #[serde(default)]
     pub outputs: BTreeMap<String, String>,
     #[serde(default)]

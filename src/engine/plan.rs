@@ -41,9 +41,28 @@ pub struct StageKind {
     /// Code version entering the cache key (builtin version + the stage file's `version`).
     pub code_version: String,
     pub inputs: BTreeMap<String, Schema>,
+    /// Input groups: wired as `group.label` (see `StageKindFile::input_groups`).
+    pub input_groups: BTreeMap<String, Schema>,
     pub outputs: BTreeMap<String, Schema>,
     pub defaults: Map<String, Value>,
     pub resources: Resources,
+}
+
+impl StageKind {
+    /// The schema of a wired input name: a declared input, or a member `group.label` of a group.
+    pub fn input_schema(&self, name: &str) -> Option<Schema> {
+        self.inputs.get(name).copied().or_else(|| self.input_groups.get(name.split_once('.')?.0).copied())
+    }
+
+    fn describe_inputs(&self) -> String {
+        let mut names: Vec<String> = self.inputs.keys().cloned().collect();
+        names.extend(self.input_groups.keys().map(|g| format!("{g}.<label> (group)")));
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -234,6 +253,7 @@ impl KindLoader<'_> {
             runner,
             code_version,
             inputs: schemas(&def.inputs, "input")?,
+            input_groups: schemas(&def.input_groups, "input group")?,
             outputs: schemas(&def.outputs, "output")?,
             defaults: def.params.iter().map(|(k, v)| (k.clone(), toml_to_json(v))).collect(),
             resources: def.resources.clone(),
@@ -341,6 +361,31 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
     for p in &pending {
         let n = &p.node;
         let mut inputs = BTreeMap::new();
+        // Checks that upstream output `r` exists and fits `schema`.
+        let check = |inp: &str, raw: &str, schema: Schema, r: &InputRef| -> Result<()> {
+            let InputRef::Output { node, output } = r else { return Ok(()) };
+            let up = &pending[*node].node;
+            let Some(up_schema) = up.kind.outputs.get(output) else {
+                return Err(wiring(
+                    &n.name,
+                    format!(
+                        "input `{inp}` = \"{raw}\": stage `{}` has no output `{output}` (its outputs: {})",
+                        up.name,
+                        up.kind.outputs.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            };
+            // `dir`/`table` accept any upstream artifact; `file` accepts any that is a single file.
+            let generic = match schema {
+                Schema::Dir | Schema::Table => true,
+                Schema::File => !up_schema.is_dir(),
+                _ => false,
+            };
+            if *up_schema != schema && !generic {
+                return Err(wiring(&n.name, format!("input `{inp}` expects schema `{schema}` but `{raw}` is `{up_schema}`")));
+            }
+            Ok(())
+        };
         for (inp, schema) in &n.kind.inputs {
             let carried = p.scope.as_ref().filter(|(_, _, i)| *i > 0).and_then(|_| p.carry.get(inp));
             let (raw, step_shift) = match (carried, p.raw_inputs.get(inp)) {
@@ -349,36 +394,21 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
                 (None, None) => return Err(wiring(&n.name, format!("input `{inp}` ({schema}) is not wired"))),
             };
             let r = resolve_ref(raw, p, step_shift, &index, &repeats, &pdir).map_err(|m| wiring(&n.name, format!("input `{inp}` = \"{raw}\": {m}")))?;
-            if let InputRef::Output { node, output } = &r {
-                let up = &pending[*node].node;
-                let Some(up_schema) = up.kind.outputs.get(output) else {
-                    return Err(wiring(
-                        &n.name,
-                        format!(
-                            "input `{inp}` = \"{raw}\": stage `{}` has no output `{output}` (its outputs: {})",
-                            up.name,
-                            up.kind.outputs.keys().cloned().collect::<Vec<_>>().join(", ")
-                        ),
-                    ));
-                };
-                // `dir`/`table` accept any upstream artifact; `file` accepts any that is a single file.
-                let generic = match schema {
-                    Schema::Dir | Schema::Table => true,
-                    Schema::File => !up_schema.is_dir(),
-                    _ => false,
-                };
-                if up_schema != schema && !generic {
-                    return Err(wiring(&n.name, format!("input `{inp}` expects schema `{schema}` but `{raw}` is `{up_schema}`")));
-                }
-            }
+            check(inp, raw, *schema, &r)?;
             inputs.insert(inp.clone(), r);
         }
-        for inp in p.raw_inputs.keys() {
-            if !n.kind.inputs.contains_key(inp) {
-                return Err(wiring(
-                    &n.name,
-                    format!("stage kind `{}` has no input `{inp}` (its inputs: {})", n.kind.name, n.kind.inputs.keys().cloned().collect::<Vec<_>>().join(", ")),
-                ));
+        for (inp, raw) in &p.raw_inputs {
+            if n.kind.inputs.contains_key(inp) {
+                continue;
+            }
+            let group = inp.split_once('.').filter(|(_, label)| !label.is_empty()).and_then(|(g, _)| n.kind.input_groups.get(g));
+            let Some(schema) = group else {
+                return Err(wiring(&n.name, format!("stage kind `{}` has no input `{inp}` (its inputs: {})", n.kind.name, n.kind.describe_inputs())));
+            };
+            for (name, one) in expand_steps(inp, raw, &repeats).map_err(|m| wiring(&n.name, format!("input `{inp}` = \"{raw}\": {m}")))? {
+                let r = resolve_ref(&one, p, 0, &index, &repeats, &pdir).map_err(|m| wiring(&n.name, format!("input `{name}` = \"{one}\": {m}")))?;
+                check(&name, &one, *schema, &r)?;
+                inputs.insert(name, r);
             }
         }
         wired.push(inputs);
@@ -469,6 +499,20 @@ fn apply_sets(file: &Path, sets: &[SetArg], chains: &[ChainDef], pending: &mut [
         }
     }
     Ok(())
+}
+
+/// A group member's ref `chain.stage[*].output` stands for every step: (`name[i]`, `chain.stage[i].output`)
+/// for each i; any other ref is itself.
+fn expand_steps(name: &str, raw: &str, repeats: &HashMap<String, usize>) -> std::result::Result<Vec<(String, String)>, String> {
+    let Some((head, tail)) = raw.split_once("[*]") else {
+        return Ok(vec![(name.to_string(), raw.to_string())]);
+    };
+    let chain = head.split('.').next().unwrap_or("");
+    let n = *repeats.get(chain).ok_or_else(|| format!("`[*]` needs a chain stage, and there is no chain `{chain}`"))?;
+    if n == 0 {
+        return Err(format!("chain `{chain}` has 0 steps"));
+    }
+    Ok((0..n).map(|i| (format!("{name}[{i}]"), format!("{head}[{i}]{tail}"))).collect())
 }
 
 /// Resolve `stage.output`, `chain.stage[i].output` (i may be negative or `last`), a sibling

@@ -45,7 +45,7 @@ impl<'a> Resolver<'a> {
         let node = &self.plan.nodes[i];
         let mut inputs = BTreeMap::new();
         for (name, r) in &node.inputs {
-            let schema = node.kind.inputs[name].name().to_string();
+            let schema = node.kind.input_schema(name).expect("wired inputs have a schema").name().to_string();
             let spec = match r {
                 InputRef::Output { node: up, output } => {
                     let rec = done[*up].as_ref().expect("upstream resolved before downstream");
