@@ -41,6 +41,18 @@ enum Cmd {
     /// Inspect, verify and collect artifacts in the store.
     #[command(subcommand)]
     Artifact(ArtifactCmd),
+    /// Copy a finished pipeline's report (its `report` stage output) to a directory and print
+    /// its results table.
+    Report {
+        #[command(flatten)]
+        plan: PlanArgs,
+        /// The report stage of the pipeline.
+        #[arg(long, default_value = "report")]
+        stage: String,
+        /// Where to copy the report [default: reports/<pipeline name>].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -149,6 +161,10 @@ enum ArtifactCmd {
 
 /// Entry point; returns the process exit code.
 pub fn main(rt: &Runtime) -> i32 {
+    // Printing into a closed pipe (`... | head`) ends the process quietly, as other CLI tools do.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let filter = if cli.verbose { "info" } else { "warn" };
     let _ = tracing_subscriber::fmt()
@@ -255,6 +271,14 @@ fn dispatch(cli: Cli, rt: &Runtime) -> Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Report { plan, stage, out } => {
+            let p = load(&plan, rt)?;
+            let out = out.unwrap_or_else(|| PathBuf::from("reports").join(&p.name));
+            let md = export_report(&p, &root, &stage, &out)?;
+            print!("{md}");
+            eprintln!("report copied to {}", out.display());
+            Ok(0)
+        }
         Cmd::Pipeline(PipelineCmd::Explain { plan, stage }) => {
             let p = load(&plan, rt)?;
             explain(&p, &root, &stage)?;
@@ -272,7 +296,7 @@ fn dispatch(cli: Cli, rt: &Runtime) -> Result<i32> {
                     Ok(0)
                 }
                 ExecOutcome::NeedsWorker => {
-                    let w = worker_exe().context("this stage needs `rredcot-worker` (build with --features ml) next to rredcot")?;
+                    let w = worker_exe().context("this stage needs `rredcot-worker` (built by `cargo build --workspace`) next to rredcot")?;
                     use std::os::unix::process::CommandExt;
                     let err = std::process::Command::new(&w).args(std::env::args_os().skip(1)).exec();
                     bail!("cannot exec {}: {err}", w.display())
@@ -363,6 +387,47 @@ fn status(p: &Plan, root: &Path) -> Result<()> {
     let parts: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     println!("{}: {}", p.name, parts.join(", "));
     Ok(())
+}
+
+/// The run record of every instance whose inputs and own output are committed and unchanged.
+fn committed(p: &Plan, store: &Store) -> Result<Vec<Option<std::sync::Arc<crate::engine::record::RunRecord>>>> {
+    let mut resolver = Resolver::new(p);
+    let mut done = vec![None; p.nodes.len()];
+    for &i in &p.order {
+        if resolver.upstream(i).iter().all(|&u| done[u].is_some()) {
+            let spec = resolver.spec(i, &done)?;
+            done[i] = store.record(&spec.key).filter(|r| store.quick_check(r).is_ok()).map(std::sync::Arc::new);
+        }
+    }
+    Ok(done)
+}
+
+/// Copies the `report` output of stage `stage` into `out` (replacing what was there) and returns
+/// its results.md.
+fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<String> {
+    let i = p.nodes.iter().position(|n| n.name == stage).with_context(|| format!("no stage `{stage}` in {}", p.file.display()))?;
+    let store = Store::open(root)?;
+    let Some(rec) = committed(p, &store)?[i].clone() else {
+        bail!(
+            "stage `{stage}` of {} is not up to date in {}: run `rredcot pipeline run {}` first (`pipeline status` says why)",
+            p.file.display(),
+            root.display(),
+            p.file.display()
+        );
+    };
+    let src = store.outputs_dir(&rec.key).join("report");
+    if !src.is_dir() {
+        bail!("stage `{stage}` ({}) has no `report` directory output", short(&rec.key));
+    }
+    if out.exists() {
+        std::fs::remove_dir_all(out).with_context(|| format!("replacing {}", out.display()))?;
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    for e in std::fs::read_dir(&src)? {
+        let e = e?;
+        std::fs::copy(e.path(), out.join(e.file_name())).with_context(|| format!("copying {}", e.path().display()))?;
+    }
+    std::fs::read_to_string(out.join("results.md")).with_context(|| format!("{}: no results.md", src.display()))
 }
 
 fn input_label(p: &Plan, r: &InputRef) -> String {

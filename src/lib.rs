@@ -13,5 +13,7 @@ pub mod artifact;
 pub mod cli;
 pub mod credit;
 pub mod engine;
+pub mod evaluation;
 pub mod math;
+pub mod report;
 pub mod stages;

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::artifact::Schema;
+use crate::engine::spec::InputSource;
 
 /// A builtin stage: reads inputs, writes every declared output.
 pub type BuiltinFn = fn(&mut StageContext) -> anyhow::Result<()>;
@@ -25,6 +26,8 @@ pub struct StageContext {
     pub inputs: BTreeMap<String, (Schema, PathBuf)>,
     /// Content hash of each input (what the instance key was computed from).
     pub input_hashes: BTreeMap<String, String>,
+    /// Where each input came from (upstream instance and key, or a file): provenance for reports.
+    pub input_sources: BTreeMap<String, InputSource>,
     pub outputs: BTreeMap<String, (Schema, PathBuf)>,
     /// Scratch space inside the instance's temp dir (not part of the artifact).
     pub scratch: PathBuf,

@@ -110,6 +110,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         params: spec.params.clone(),
         inputs,
         input_hashes: spec.inputs.iter().map(|(n, i)| (n.clone(), i.hash.clone())).collect(),
+        input_sources: spec.inputs.iter().map(|(n, i)| (n.clone(), i.source.clone())).collect(),
         outputs,
         scratch: scratch.clone(),
         counters: BTreeMap::new(),

@@ -40,7 +40,7 @@ impl Executor for LocalExecutor {
             RunnerSpec::Builtin { needs_ml: true, name } => worker_exe().ok_or_else(|| EngineError::Instance {
                 key: spec.key.clone(),
                 stage: spec.instance.clone(),
-                message: format!("builtin `{name}` needs the ML worker `rredcot-worker` next to {} (build with `--features ml`)", self.exe.display()),
+                message: format!("builtin `{name}` needs the ML worker `rredcot-worker` next to {} (built by `cargo build --workspace`)", self.exe.display()),
             })?,
             _ => self.exe.clone(),
         };

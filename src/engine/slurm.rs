@@ -591,7 +591,7 @@ impl Executor for SlurmExecutor {
                 key: short(&spec.key).to_string(),
                 stage: spec.instance.clone(),
                 message: format!(
-                    "builtin `{name}` needs the ML worker `rredcot-worker` next to {} (build with `--features ml`)",
+                    "builtin `{name}` needs the ML worker `rredcot-worker` next to {} (built by `cargo build --workspace`)",
                     self.exe.display()
                 ),
             })?,

@@ -28,6 +28,8 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "rollout", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_sigma", version: "1", needs_ml: true },
     BuiltinInfo { name: "update", version: "1", needs_ml: true },
+    BuiltinInfo { name: "eval", version: "1", needs_ml: true },
+    BuiltinInfo { name: "report", version: "1", needs_ml: false },
 ];
 
 /// Builtins that run without libtorch.
@@ -42,6 +44,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
         "import" => import::run,
         "filter" => filter::run,
         "segment" => segment::run,
+        "report" => crate::report::run,
         _ => return None,
     })
 }

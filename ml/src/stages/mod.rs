@@ -3,7 +3,9 @@
 //! without linking libtorch.
 
 pub mod bootstrap_sft;
+pub mod eval;
 pub mod rollout;
+pub mod sampling;
 pub mod score_sigma;
 pub mod update;
 
@@ -19,6 +21,7 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
     Some(match name {
         "bootstrap_sft" => bootstrap_sft::run,
         "rollout" => rollout::run,
+        "eval" => eval::run,
         "score_sigma" => score_sigma::run,
         "update" => update::run,
         _ => return light_builtin(name),

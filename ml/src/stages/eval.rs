@@ -1,0 +1,74 @@
+//! `eval`: avg@k of a policy on one or more benchmarks (input group `benchmarks.<name>`, each a
+//! `prompts` artifact): k samples per problem, each checked by the math verifier against the
+//! reference answer. Writes the `eval` artifact (`correct_judge` empty: a judge stage fills it)
+//! and, per benchmark, `avg_at_k.<name>` ± `stderr.<name>` metrics in the run record.
+
+use anyhow::{bail, Result};
+use rredcot::artifact::rows::{EvalRow, PromptRow};
+use rredcot::artifact::{read_rows, write_rows, Schema};
+use rredcot::engine::StageContext;
+use rredcot::evaluation::{summarize, Grader};
+
+use super::sampling::{plan_jobs, sample_jobs, sampling_params, window, OnBadPrompt};
+use super::{load_policy, set_threads};
+
+/// The problem text a judge sees: the last user turn of a chat prompt, else the prompt.
+fn question_text(prompt: &str) -> String {
+    super::prompt_messages(prompt).iter().rev().find(|m| m.role == "user").map(|m| m.content.clone()).unwrap_or_else(|| prompt.to_string())
+}
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    set_threads(ctx)?;
+    let seed: u64 = ctx.param("seed")?;
+    let k: usize = ctx.param("k")?;
+    let limit: usize = ctx.param("limit")?;
+    let batch_size: usize = ctx.param("batch_size")?;
+    let on_bad: OnBadPrompt = ctx.param("on_bad_prompt")?;
+    let sampling = sampling_params(ctx)?;
+    if k == 0 {
+        bail!("stage `{}`: k (samples per problem) must be positive", ctx.instance);
+    }
+    let benchmarks: Vec<(String, std::path::PathBuf)> = ctx
+        .inputs
+        .iter()
+        .filter_map(|(name, (_, path))| Some((name.strip_prefix("benchmarks.")?.to_string(), path.clone())))
+        .collect();
+    if benchmarks.is_empty() {
+        bail!("stage `{}`: no benchmark to evaluate (wire inputs `benchmarks.<name> = \"stage.prompts\"`)", ctx.instance);
+    }
+    let (model, tok) = load_policy(ctx, "policy")?;
+    let context = model.cfg.max_position_embeddings as usize;
+
+    let mut rows = Vec::new();
+    for (bench, path) in &benchmarks {
+        let prompts: Vec<PromptRow> = window(read_rows(path, Schema::Prompts)?, limit, 0);
+        let jobs = plan_jobs(ctx, &prompts, path, &tok, context, k, on_bad)?;
+        let gens = sample_jobs(ctx, &model, &tok, &jobs, seed, batch_size, &sampling, &format!("eval {bench}"))?;
+        for (job, g) in jobs.iter().zip(gens) {
+            let text = g.text.unwrap_or_default();
+            let verdict = rredcot::math::verify_response(job.gold, &text);
+            rows.push(EvalRow {
+                prompt_id: job.row.id.clone(),
+                benchmark: bench.clone(),
+                sample_idx: job.sample_idx as i32,
+                question: question_text(&job.row.prompt),
+                reference: job.row.answer.clone(),
+                text,
+                answer: verdict.extracted,
+                correct_verifier: verdict.correct,
+                correct_judge: None,
+            });
+        }
+    }
+    for s in summarize(&rows, Grader::Verifier) {
+        ctx.metric(&format!("avg_at_k.{}", s.benchmark), s.mean);
+        ctx.metric(&format!("stderr.{}", s.benchmark), s.stderr);
+        ctx.count(&format!("problems.{}", s.benchmark), s.problems as i64);
+        ctx.count(&format!("unparseable.{}", s.benchmark), s.unparseable as i64);
+    }
+    ctx.metric("k", k as i64);
+    ctx.metric("mean_reward", rows.iter().map(|r| r.correct_verifier as u8 as f64).sum::<f64>() / rows.len().max(1) as f64);
+    ctx.count("samples", rows.len() as i64);
+    write_rows(ctx.output("eval")?, Schema::Eval, &rows)?;
+    Ok(())
+}
