@@ -42,8 +42,10 @@ test-deps: $(TEST_STAMP)
 build: $(TORCH_STAMP)
 	$(CARGO) build --release --workspace --bins
 
+# Runs the quickstart, then copies its report (table + plots) to reports/quickstart/.
 run: build
 	./target/release/rredcot --store $(STORE) pipeline run pipelines/quickstart.toml
+	./target/release/rredcot --store $(STORE) report pipelines/quickstart.toml --out reports/quickstart
 
 test: $(TORCH_STAMP) $(TEST_STAMP)
 	$(CARGO) build --workspace --bins
