@@ -191,3 +191,24 @@ fn names_of(s: &serde_json::Value, field: &str) -> Vec<String> {
     v.sort();
     v
 }
+
+#[test]
+fn set_rewires_an_input_to_another_output_or_a_file() {
+    let p = Project::new();
+    let pl = mixed(&p);
+    let s = p.run_ok(&pl, &[]);
+    let total = |s: &serde_json::Value| {
+        std::fs::read_to_string(p.store().join("instances").join(s["keys"]["plus"].as_str().unwrap()).join("outputs/out/total.txt")).unwrap()
+    };
+    assert_eq!(total(&s).trim(), "13");
+    // A file relative to where the command runs (the project dir here), not to the pipeline.
+    p.write("more.txt", "a\nb\nc\nd\ne\n");
+    let s = p.run_ok(&pl, &["--set", "count.inputs.src=file:more.txt"]);
+    assert_eq!(names_of(&s, "ran"), ["count", "plus"], "{s}");
+    assert_eq!(total(&s).trim(), "15");
+    let out = p.run(&["pipeline", "run", pl.to_str().unwrap(), "--set", "count.inputs.nope=file:more.txt"]);
+    let err = common::text(&out.stderr);
+    assert!(!out.status.success() && err.contains("has no input `nope`"), "{err}");
+    let out = p.run(&["pipeline", "run", pl.to_str().unwrap(), "--set", "count.inputs.src=file:missing.txt"]);
+    assert!(common::text(&out.stderr).contains("does not exist"));
+}

@@ -103,7 +103,10 @@ pub struct Plan {
     pub order: Vec<usize>,
 }
 
-/// A parsed `--set target.param=value`.
+/// `SetArg::param` of an input override (`--set stage.inputs.NAME=REF`).
+const INPUT_SET_PREFIX: &str = "inputs.";
+
+/// A parsed `--set target.param=value` (or `target.inputs.NAME=REF`).
 #[derive(Debug, Clone)]
 pub struct SetArg {
     pub raw: String,
@@ -117,6 +120,24 @@ impl SetArg {
     pub fn parse(raw: &str) -> Result<SetArg> {
         let bad = |m: &str| EngineError::SetArg { arg: raw.to_string(), message: m.to_string() };
         let (lhs, text) = raw.split_once('=').ok_or_else(|| bad("expected stage.param=value"))?;
+        // `stage.inputs.NAME=REF` rewires an input (NAME may be a group member `group.label`).
+        if let Some((target, input)) = lhs.trim().split_once(".inputs.") {
+            if target.is_empty() || input.is_empty() {
+                return Err(bad("expected stage.inputs.NAME=stage.output or file:path"));
+            }
+            let text = match text.trim().strip_prefix("file:") {
+                // Relative to where the command runs, not to the pipeline file.
+                Some(path) => format!("file:{}", std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.into()).display()),
+                None => text.trim().to_string(),
+            };
+            return Ok(SetArg {
+                raw: raw.to_string(),
+                target: target.to_string(),
+                param: format!("{INPUT_SET_PREFIX}{input}"),
+                value: toml::Value::String(text.clone()),
+                text,
+            });
+        }
         let (target, param) = lhs.trim().rsplit_once('.').ok_or_else(|| bad("expected stage.param=value"))?;
         if target.is_empty() || param.is_empty() {
             return Err(bad("expected stage.param=value"));
@@ -484,6 +505,11 @@ fn apply_sets(file: &Path, sets: &[SetArg], chains: &[ChainDef], pending: &mut [
                 continue;
             }
             matched += 1;
+            if let Some(input) = s.param.strip_prefix(INPUT_SET_PREFIX) {
+                // Checked against the kind's inputs when wiring.
+                p.raw_inputs.insert(input.to_string(), s.text.clone());
+                continue;
+            }
             let Some(d) = kind_defaults_toml(&n.kind).get(&s.param).cloned() else {
                 return Err(EngineError::SetArg {
                     arg: s.raw.clone(),
