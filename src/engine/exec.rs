@@ -112,6 +112,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         input_hashes: spec.inputs.iter().map(|(n, i)| (n.clone(), i.hash.clone())).collect(),
         outputs,
         scratch: scratch.clone(),
+        cache_dir: store.cache_dir(),
         counters: BTreeMap::new(),
         metrics: Map::new(),
     };

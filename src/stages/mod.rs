@@ -5,6 +5,7 @@
 pub mod demo;
 pub mod filter;
 pub mod import;
+pub mod judge;
 pub mod prompt_text;
 pub mod segment;
 pub mod taskgen;
@@ -28,6 +29,8 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "rollout", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_sigma", version: "1", needs_ml: true },
     BuiltinInfo { name: "update", version: "1", needs_ml: true },
+    BuiltinInfo { name: "judge", version: "1", needs_ml: false },
+    BuiltinInfo { name: "judge_local", version: "1", needs_ml: true },
 ];
 
 /// Builtins that run without libtorch.
@@ -42,6 +45,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
         "import" => import::run,
         "filter" => filter::run,
         "segment" => segment::run,
+        "judge" => judge::run,
         _ => return None,
     })
 }

@@ -3,6 +3,7 @@
 //! without linking libtorch.
 
 pub mod bootstrap_sft;
+pub mod judge_local;
 pub mod rollout;
 pub mod score_sigma;
 pub mod update;
@@ -21,6 +22,7 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
         "rollout" => rollout::run,
         "score_sigma" => score_sigma::run,
         "update" => update::run,
+        "judge_local" => judge_local::run,
         _ => return light_builtin(name),
     })
 }
