@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::artifact::rows::EvalRow;
-use crate::artifact::{read_rows, write_batch, write_rows, Schema};
+use crate::artifact::{read_batches, read_rows, write_batch, write_rows, Schema};
 use crate::engine::StageContext;
 use crate::judge::cache::ResponseCache;
 use crate::judge::http::{ChatClient, ChatRequest, HttpConfig, Stats};
@@ -63,6 +63,12 @@ fn write_judgments(path: &std::path::Path, rows: &[JudgmentRow]) -> Result<()> {
     let fields = Vec::<arrow::datatypes::FieldRef>::from_type::<JudgmentRow>(TracingOptions::default())?;
     let batch = serde_arrow::to_record_batch(&fields, &rows)?;
     write_batch(path, &batch).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Reads a `judgments` table back (for reports and tests).
+pub fn read_judgments(path: &std::path::Path) -> Result<Vec<JudgmentRow>> {
+    let batch = read_batches(path)?;
+    serde_arrow::from_record_batch(&batch).with_context(|| format!("{}: not a judgments table", path.display()))
 }
 
 /// The OpenAI request body of a vote.
