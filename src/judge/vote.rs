@@ -53,7 +53,7 @@ pub fn parse_verdict(reply: &str) -> Verdict {
     // 2. a labelled verdict
     for label in ["verdict", "final answer", "answer", "judgement", "judgment"] {
         if let Some(v) = lower.rmatch_indices(label).find_map(|(i, m)| {
-            let after = lower[i + m.len()..].trim_start_matches(|c: char| c == '*' || c == ' ' || c == '"');
+            let after = lower[i + m.len()..].trim_start_matches(['*', ' ', '"']);
             let after = after.strip_prefix(':').or_else(|| after.strip_prefix(" is"))?;
             let word = after.trim_start_matches(|c: char| !c.is_alphanumeric()).split(|c: char| !c.is_alphanumeric()).next()?;
             word_verdict(word)
@@ -140,7 +140,7 @@ mod tests {
             t.decide()
         };
         assert_eq!(tally(&[Yes, Yes, No]), Decision { correct: true, tie: false, agreement: 2.0 / 3.0 });
-        assert_eq!(tally(&[No, Invalid, Invalid, Yes, No]).correct, false);
+        assert!(!tally(&[No, Invalid, Invalid, Yes, No]).correct);
         // Invalid votes abstain: one valid yes decides.
         assert_eq!(tally(&[Invalid, Invalid, Yes]), Decision { correct: true, tie: false, agreement: 1.0 });
         // Ties, and no valid vote at all, are decided as not correct.
