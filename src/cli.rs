@@ -53,7 +53,44 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Serve a checkpoint over an OpenAI-compatible API (`/v1/chat/completions`, `/v1/models`).
+    Serve(ServeArgs),
 }
+
+/// `rredcot serve`: run by `rredcot-worker` (the model core links libtorch); `rredcot` hands over.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// Checkpoint directory (Hugging Face layout with tokenizer.json) or a GGUF file.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Address to listen on; loopback by default (there is no authentication).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port; 0 picks a free one (the listening address is printed on stdout).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The model id reported by `/v1/models` and in responses [default: the checkpoint's name].
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// auto | cpu | cuda
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// auto | f32 | bf16
+    #[arg(long, default_value = "auto")]
+    pub dtype: String,
+    /// Default and upper bound of a request's `max_tokens`.
+    #[arg(long, default_value_t = 512)]
+    pub max_new_tokens: usize,
+    /// Most sequences generated together (concurrent requests with equal sampling params are batched).
+    #[arg(long, default_value_t = 16)]
+    pub max_batch: usize,
+    /// libtorch CPU threads (0 = its default).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+/// What runs `serve` in this binary (`None` in `rredcot`, which hands over to `rredcot-worker`).
+pub type ServeFn = fn(&ServeArgs) -> Result<()>;
 
 #[derive(clap::Args, Clone)]
 struct PlanArgs {
@@ -160,7 +197,7 @@ enum ArtifactCmd {
 }
 
 /// Entry point; returns the process exit code.
-pub fn main(rt: &Runtime) -> i32 {
+pub fn main(rt: &Runtime, serve: Option<ServeFn>) -> i32 {
     // Printing into a closed pipe (`... | head`) ends the process quietly, as other CLI tools do.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
@@ -171,7 +208,7 @@ pub fn main(rt: &Runtime) -> i32 {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RREDCOT_LOG").unwrap_or_else(|_| filter.into()))
         .with_writer(std::io::stderr)
         .try_init();
-    match dispatch(cli, rt) {
+    match dispatch(cli, rt, serve) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -192,9 +229,21 @@ fn load(args: &PlanArgs, rt: &Runtime) -> Result<Plan> {
     Ok(load_plan(&args.pipeline, &sets, rt.builtins)?)
 }
 
-fn dispatch(cli: Cli, rt: &Runtime) -> Result<i32> {
+/// Replaces this process by `rredcot-worker` with the same arguments.
+fn exec_worker(why: &str) -> Result<i32> {
+    let w = worker_exe().with_context(|| format!("{why} needs `rredcot-worker` next to rredcot (cargo build --workspace --bins)"))?;
+    use std::os::unix::process::CommandExt;
+    let err = std::process::Command::new(&w).args(std::env::args_os().skip(1)).exec();
+    bail!("cannot exec {}: {err}", w.display())
+}
+
+fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
     let root = store_root(&cli.store);
     match cli.cmd {
+        Cmd::Serve(args) => match serve {
+            Some(f) => f(&args).map(|()| 0),
+            None => exec_worker("`rredcot serve`"),
+        },
         Cmd::Pipeline(PipelineCmd::Run { plan, until, force, dry_run, executor, jobs, profile, keep_going, json }) => {
             let p = load(&plan, rt)?;
             let store = Store::open(&root)?;
@@ -295,12 +344,7 @@ fn dispatch(cli: Cli, rt: &Runtime) -> Result<i32> {
                     eprintln!("{} ({}) is already committed", rec.stage, short(&rec.key));
                     Ok(0)
                 }
-                ExecOutcome::NeedsWorker => {
-                    let w = worker_exe().context("this stage needs `rredcot-worker` (built by `cargo build --workspace`) next to rredcot")?;
-                    use std::os::unix::process::CommandExt;
-                    let err = std::process::Command::new(&w).args(std::env::args_os().skip(1)).exec();
-                    bail!("cannot exec {}: {err}", w.display())
-                }
+                ExecOutcome::NeedsWorker => exec_worker("this stage"),
             }
         }
         Cmd::Artifact(ArtifactCmd::Show { what, rows }) => {

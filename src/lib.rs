@@ -5,6 +5,7 @@
 //! - [`artifact`]: Parquet schemas shared by stages
 //! - [`stages`]: builtin stage functions
 //! - [`math`]: math answer verifier (extraction, normalization, equivalence)
+//! - [`judge`]: the LLM judge ensemble (templates, votes, OpenAI-compatible client, reply cache)
 //!
 //! This package never depends on tch: the model core and ML stages are the `rredcot-ml` package
 //! (`ml/`), linked only into `rredcot-worker`.
@@ -14,6 +15,7 @@ pub mod cli;
 pub mod credit;
 pub mod engine;
 pub mod evaluation;
+pub mod judge;
 pub mod math;
 pub mod report;
 pub mod stages;

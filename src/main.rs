@@ -2,5 +2,5 @@
 //! stages that need the ML code run in `rredcot-worker`.
 
 fn main() {
-    std::process::exit(rredcot::cli::main(&rredcot::stages::LIGHT_RUNTIME));
+    std::process::exit(rredcot::cli::main(&rredcot::stages::LIGHT_RUNTIME, None));
 }

@@ -4,7 +4,9 @@
 //! - [`train`]: the policy-gradient loss with per-token credit, resumable AdamW, LR schedule
 //! - [`stages`]: builtin stages that need the model; [`stages::FULL_RUNTIME`] is what
 //!   `rredcot-worker` runs (the engine binary `rredcot` hands those instances to it)
+//! - [`serve`]: `rredcot serve`, an OpenAI-compatible chat completions server over the model core
 
 pub mod model;
+pub mod serve;
 pub mod stages;
 pub mod train;

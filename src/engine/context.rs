@@ -31,6 +31,10 @@ pub struct StageContext {
     pub outputs: BTreeMap<String, (Schema, PathBuf)>,
     /// Scratch space inside the instance's temp dir (not part of the artifact).
     pub scratch: PathBuf,
+    /// `<store>/cache/`: state a stage keeps across its runs outside any instance (e.g. the HTTP
+    /// judge's response cache), so a failed run's partial work is reused by the next one. Never
+    /// part of an artifact or a key; a stage's output must not depend on whether it was there.
+    pub cache_dir: PathBuf,
     pub counters: BTreeMap<String, i64>,
     pub metrics: Map<String, Value>,
 }

@@ -113,6 +113,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         input_sources: spec.inputs.iter().map(|(n, i)| (n.clone(), i.source.clone())).collect(),
         outputs,
         scratch: scratch.clone(),
+        cache_dir: store.cache_dir(),
         counters: BTreeMap::new(),
         metrics: Map::new(),
     };

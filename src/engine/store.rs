@@ -9,6 +9,7 @@
 //! <store>/logs/<key>.log                stage output
 //! <store>/refs/<pipeline>.json          last key of each instance (to explain staleness)
 //! <store>/quarantine/                   corrupt or superseded instances, moved aside, never deleted
+//! <store>/cache/<stage kind>/            stage state kept across runs (e.g. judge replies), not artifacts
 //! ```
 
 use std::collections::BTreeMap;
@@ -70,6 +71,11 @@ impl Store {
 
     pub fn spec_path(&self, key: &str) -> PathBuf {
         self.root.join("specs").join(format!("{key}.json"))
+    }
+
+    /// Where stages keep state across runs (`StageContext::cache_dir`); created by the stage.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.root.join("cache")
     }
 
     pub fn log_path(&self, key: &str) -> PathBuf {

@@ -5,6 +5,7 @@
 pub mod demo;
 pub mod filter;
 pub mod import;
+pub mod judge;
 pub mod prompt_text;
 pub mod segment;
 pub mod taskgen;
@@ -30,6 +31,8 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "update", version: "1", needs_ml: true },
     BuiltinInfo { name: "eval", version: "1", needs_ml: true },
     BuiltinInfo { name: "report", version: "1", needs_ml: false },
+    BuiltinInfo { name: "judge", version: "1", needs_ml: false },
+    BuiltinInfo { name: "judge_local", version: "1", needs_ml: true },
 ];
 
 /// Builtins that run without libtorch.
@@ -45,6 +48,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
         "filter" => filter::run,
         "segment" => segment::run,
         "report" => crate::report::run,
+        "judge" => judge::run,
         _ => return None,
     })
 }

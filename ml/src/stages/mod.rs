@@ -4,6 +4,7 @@
 
 pub mod bootstrap_sft;
 pub mod eval;
+pub mod judge_local;
 pub mod rollout;
 pub mod sampling;
 pub mod score_sigma;
@@ -24,6 +25,7 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
         "eval" => eval::run,
         "score_sigma" => score_sigma::run,
         "update" => update::run,
+        "judge_local" => judge_local::run,
         _ => return light_builtin(name),
     })
 }

@@ -1,0 +1,391 @@
+//! `rredcot serve`: an OpenAI-compatible HTTP server over the model core, so the `judge` stage (or
+//! any OpenAI client) can use a trained checkpoint or a GGUF model.
+//!
+//! Endpoints: `POST /v1/chat/completions` (`messages`, `temperature`, `top_p`, `top_k`,
+//! `max_tokens` / `max_completion_tokens`, `n`, `seed`, `stop`; no streaming), `GET /v1/models`,
+//! `GET /health`. Responses have OpenAI's shapes; a bad request gets HTTP 400 with an OpenAI-style
+//! `{"error": {...}}` body, never a crash.
+//!
+//! One model, one generating thread: requests that arrive while a batch generates wait in the
+//! listener's queue and are taken together next time; those with equal sampling params are
+//! generated as one batch (up to `--max-batch` sequences). Choice i of a request samples with seed
+//! `seed + i` (a random seed when the request has none). Rows are left-padded in a batch, so a
+//! reply can differ in the last bits between a batched and a lone request; the judge's response
+//! cache is what makes reruns reproducible.
+
+use std::io::{Read, Write};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context, Result};
+use rredcot::cli::ServeArgs;
+use serde_json::{json, Value};
+use tiny_http::{Header, Method, Request, Response, Server};
+
+use crate::model::{self, ChatMessage, DecoderLm, LoadOptions, SamplingParams, Tokenizer};
+
+/// Largest request body read (bytes).
+const MAX_BODY: u64 = 16 << 20;
+/// Largest `n` per request.
+const MAX_N: usize = 16;
+
+/// A request rejected before generation: HTTP status and message.
+#[derive(Debug, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError { status: 400, message: message.into() }
+}
+
+fn error_body(e: &ApiError) -> Value {
+    let kind = if e.status >= 500 { "server_error" } else { "invalid_request_error" };
+    json!({ "error": { "message": e.message, "type": kind, "param": null, "code": null } })
+}
+
+/// A parsed `/v1/chat/completions` body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatBody {
+    pub messages: Vec<ChatMessage>,
+    pub sampling: SamplingParams,
+    pub n: usize,
+    pub seed: Option<u64>,
+}
+
+/// The text of a message's `content`: a string, or an array of `{type: "text", text}` parts.
+fn content_text(v: &Value, i: usize) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                (Some("text"), Some(t)) => Ok(t),
+                _ => Err(bad(format!("messages[{i}].content: only text parts are supported"))),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|t| t.concat()),
+        _ => Err(bad(format!("messages[{i}].content must be a string or an array of text parts"))),
+    }
+}
+
+/// Parses and validates a chat completion request; `max_new_tokens` is the server's default and
+/// upper bound for `max_tokens`.
+pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("request body is not JSON: {e}")))?;
+    let obj = v.as_object().ok_or_else(|| bad("request body must be a JSON object"))?;
+    if obj.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(bad("stream = true is not supported"));
+    }
+    let msgs = obj.get("messages").and_then(Value::as_array).ok_or_else(|| bad("`messages` (an array) is required"))?;
+    if msgs.is_empty() {
+        return Err(bad("`messages` is empty"));
+    }
+    let messages = msgs
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = m.get("role").and_then(Value::as_str).ok_or_else(|| bad(format!("messages[{i}].role must be a string")))?;
+            if !["system", "developer", "user", "assistant"].contains(&role) {
+                return Err(bad(format!("messages[{i}].role `{role}` is not supported")));
+            }
+            let role = if role == "developer" { "system" } else { role };
+            Ok(ChatMessage::new(role, &content_text(m.get("content").unwrap_or(&Value::Null), i)?))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let num = |name: &str, default: f64| -> Result<f64, ApiError> {
+        match obj.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x.as_f64().filter(|f| f.is_finite()).ok_or_else(|| bad(format!("`{name}` must be a number"))),
+        }
+    };
+    let int = |name: &str| -> Result<Option<u64>, ApiError> {
+        match obj.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x.as_u64().map(Some).ok_or_else(|| bad(format!("`{name}` must be a non-negative integer"))),
+        }
+    };
+    let temperature = num("temperature", 1.0)?;
+    let top_p = num("top_p", 1.0)?;
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(bad(format!("temperature {temperature} is outside [0, 2]")));
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(bad(format!("top_p {top_p} is outside (0, 1]")));
+    }
+    let top_k = match obj.get("top_k") {
+        None | Some(Value::Null) => 0,
+        Some(x) => x.as_i64().map(|k| k.max(0)).ok_or_else(|| bad("`top_k` must be an integer"))?,
+    };
+    let max_tokens = match (int("max_completion_tokens")?, int("max_tokens")?) {
+        (Some(m), _) | (None, Some(m)) => (m as usize).min(max_new_tokens),
+        (None, None) => max_new_tokens,
+    };
+    if max_tokens == 0 {
+        return Err(bad("max_tokens must be at least 1"));
+    }
+    let n = int("n")?.unwrap_or(1) as usize;
+    if !(1..=MAX_N).contains(&n) {
+        return Err(bad(format!("n = {n} is outside 1..={MAX_N}")));
+    }
+    let stop_strings = match obj.get("stop") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(String::from).ok_or_else(|| bad("`stop` must be a string or an array of strings")))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad("`stop` must be a string or an array of strings")),
+    };
+    if stop_strings.iter().any(String::is_empty) {
+        return Err(bad("`stop` strings must not be empty"));
+    }
+    let sampling = SamplingParams { temperature, top_p, top_k, max_new_tokens: max_tokens, stop_strings, stop_token_ids: vec![] };
+    Ok(ChatBody { messages, sampling, n, seed: int("seed")? })
+}
+
+/// A chat request ready to generate.
+struct Job {
+    request: Request,
+    prompt: Vec<i64>,
+    sampling: SamplingParams,
+    n: usize,
+    seed: u64,
+    started: Instant,
+}
+
+struct State {
+    model: DecoderLm,
+    tok: Tokenizer,
+    name: String,
+    created: u64,
+    max_new_tokens: usize,
+    max_batch: usize,
+    served: u64,
+}
+
+fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn respond(req: Request, status: u16, body: &Value) {
+    let header = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("static header");
+    let resp = Response::from_string(body.to_string()).with_status_code(status).with_header(header);
+    // The client may be gone (timed out): nothing to do about it.
+    let _ = req.respond(resp);
+}
+
+impl State {
+    /// Answers what needs no generation; returns the chat jobs.
+    fn route(&mut self, mut req: Request) -> Option<Job> {
+        let path = req.url().split('?').next().unwrap_or("").trim_end_matches('/').to_string();
+        let method = req.method().clone();
+        match (method, path.as_str()) {
+            (Method::Get, "/v1/models") => {
+                let body = json!({ "object": "list", "data": [
+                    { "id": self.name, "object": "model", "created": self.created, "owned_by": "rredcot" }
+                ]});
+                respond(req, 200, &body);
+            }
+            (Method::Get, "/health") => respond(req, 200, &json!({ "status": "ok" })),
+            (Method::Post, "/v1/chat/completions") => {
+                let started = Instant::now();
+                let mut body = Vec::new();
+                if let Err(e) = req.as_reader().take(MAX_BODY).read_to_end(&mut body) {
+                    respond(req, 400, &error_body(&bad(format!("reading the request body: {e}"))));
+                    return None;
+                }
+                match self.prepare(&body) {
+                    Ok((prompt, sampling, n, seed)) => return Some(Job { request: req, prompt, sampling, n, seed, started }),
+                    Err(e) => respond(req, e.status, &error_body(&e)),
+                }
+            }
+            (_, "/v1/models" | "/health" | "/v1/chat/completions") => {
+                respond(req, 405, &error_body(&ApiError { status: 405, message: format!("method not allowed on {path}") }))
+            }
+            _ => respond(req, 404, &error_body(&ApiError { status: 404, message: format!("no route {path}") })),
+        }
+        None
+    }
+
+    /// Prompt ids, sampling params (`max_tokens` clamped to the context), n and seed of a body.
+    fn prepare(&mut self, body: &[u8]) -> Result<(Vec<i64>, SamplingParams, usize, u64), ApiError> {
+        let chat = parse_chat(body, self.max_new_tokens)?;
+        let prompt = self.tok.encode_chat(&chat.messages, true).map_err(|e| bad(format!("tokenizing the messages: {e}")))?;
+        let context = self.model.cfg.max_position_embeddings as usize;
+        if prompt.len() >= context {
+            return Err(bad(format!("the prompt is {} tokens; the model's context is {context}", prompt.len())));
+        }
+        let mut sampling = chat.sampling;
+        sampling.max_new_tokens = sampling.max_new_tokens.min(context - prompt.len());
+        self.served += 1;
+        let seed = chat.seed.unwrap_or_else(|| {
+            let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+            t ^ self.served.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        });
+        Ok((prompt, sampling, chat.n, seed))
+    }
+
+    /// Generates every row of jobs that share sampling params, in batches of `max_batch` rows.
+    fn generate(&self, jobs: &[Job]) -> Result<Vec<Vec<model::Generation>>, String> {
+        let rows: Vec<(usize, Vec<i64>, u64)> =
+            jobs.iter().enumerate().flat_map(|(j, job)| (0..job.n).map(move |i| (j, job.prompt.clone(), job.seed.wrapping_add(i as u64)))).collect();
+        let sampling = &jobs[0].sampling;
+        let mut out: Vec<Vec<model::Generation>> = jobs.iter().map(|j| Vec::with_capacity(j.n)).collect();
+        for chunk in rows.chunks(self.max_batch.max(1)) {
+            let prompts: Vec<Vec<i64>> = chunk.iter().map(|r| r.1.clone()).collect();
+            let seeds: Vec<u64> = chunk.iter().map(|r| r.2).collect();
+            // libtorch reports some failures by panicking: a request must not take the server down.
+            let gens = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tch::no_grad(|| model::generate(&self.model, Some(&self.tok), &prompts, &seeds, sampling))
+            }))
+            .map_err(|p| format!("generation panicked: {}", p.downcast_ref::<String>().cloned().unwrap_or_default()))?
+            .map_err(|e| format!("generation failed: {e}"))?;
+            for (r, g) in chunk.iter().zip(gens) {
+                out[r.0].push(g);
+            }
+        }
+        Ok(out)
+    }
+
+    fn complete(&self, jobs: Vec<Job>) {
+        match self.generate(&jobs) {
+            Err(msg) => {
+                tracing::error!("{msg}");
+                for job in jobs {
+                    respond(job.request, 500, &error_body(&ApiError { status: 500, message: msg.clone() }));
+                }
+            }
+            Ok(gens) => {
+                for (job, gens) in jobs.into_iter().zip(gens) {
+                    let completion: usize = gens.iter().map(|g| g.tokens.len()).sum();
+                    let choices: Vec<Value> = gens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, g)| {
+                            json!({
+                                "index": i,
+                                "message": { "role": "assistant", "content": g.text.clone().unwrap_or_default() },
+                                "finish_reason": g.finish_reason.as_str(),
+                                "logprobs": null,
+                            })
+                        })
+                        .collect();
+                    let body = json!({
+                        "id": format!("chatcmpl-{:x}-{:x}", self.created, job.seed),
+                        "object": "chat.completion",
+                        "created": now_s(),
+                        "model": self.name,
+                        "choices": choices,
+                        "usage": {
+                            "prompt_tokens": job.prompt.len(),
+                            "completion_tokens": completion,
+                            "total_tokens": job.prompt.len() + completion,
+                        },
+                    });
+                    tracing::info!("chat completion: n={} {completion} tokens in {:.2}s", job.n, job.started.elapsed().as_secs_f64());
+                    respond(job.request, 200, &body);
+                }
+            }
+        }
+    }
+
+    /// Handles the requests taken together: generation batched by equal sampling params.
+    fn handle(&mut self, requests: Vec<Request>) {
+        let mut jobs: Vec<Job> = requests.into_iter().filter_map(|r| self.route(r)).collect();
+        while !jobs.is_empty() {
+            let sampling = jobs[0].sampling.clone();
+            let (group, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.sampling == sampling);
+            jobs = rest;
+            self.complete(group);
+        }
+    }
+}
+
+/// Runs the server until the process is stopped.
+pub fn run(args: &ServeArgs) -> Result<()> {
+    if args.threads > 0 {
+        tch::set_num_threads(args.threads as i32);
+    }
+    let opts: LoadOptions = serde_json::from_value(json!({ "device": args.device, "dtype": args.dtype }))
+        .with_context(|| format!("--device {} / --dtype {}", args.device, args.dtype))?;
+    let loaded = model::load(&args.model, &opts).with_context(|| format!("loading {}", args.model.display()))?;
+    let tok = loaded.tokenizer.with_context(|| format!("{}: no tokenizer.json next to the checkpoint", args.model.display()))?;
+    let name = args.model_name.clone().unwrap_or_else(|| {
+        let p = args.model.canonicalize().unwrap_or_else(|_| args.model.clone());
+        p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into())
+    });
+    let server = Server::http((args.host.as_str(), args.port)).map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
+    let addr = server.server_addr().to_ip().context("the server is not on an IP address")?;
+    let mut state = State {
+        model: loaded.model,
+        tok,
+        name,
+        created: now_s(),
+        max_new_tokens: args.max_new_tokens,
+        max_batch: args.max_batch,
+        served: 0,
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "rredcot serve: model `{}` listening on http://{addr}/v1", state.name)?;
+        out.flush()?;
+    }
+    loop {
+        let first = server.recv().context("accepting a request")?;
+        let mut batch = vec![first];
+        while batch.len() < state.max_batch {
+            match server.try_recv().context("accepting a request")? {
+                Some(r) => batch.push(r),
+                None => break,
+            }
+        }
+        state.handle(batch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_bodies_parse_with_openai_defaults() {
+        let b = parse_chat(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#, 64).unwrap();
+        assert_eq!(b.messages, vec![ChatMessage::new("user", "hi")]);
+        assert_eq!((b.sampling.temperature, b.sampling.top_p, b.sampling.max_new_tokens, b.n, b.seed), (1.0, 1.0, 64, 1, None));
+        let b = parse_chat(
+            br#"{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"user","content":"q"}],
+                "temperature":0,"top_p":0.9,"max_tokens":1000,"n":3,"seed":7,"stop":"\n\n","top_k":5}"#,
+            64,
+        )
+        .unwrap();
+        assert_eq!(b.messages[0], ChatMessage::new("system", "ab"));
+        assert_eq!((b.sampling.temperature, b.sampling.top_p, b.sampling.top_k), (0.0, 0.9, 5));
+        assert_eq!((b.sampling.max_new_tokens, b.n, b.seed), (64, 3, Some(7)));
+        assert_eq!(b.sampling.stop_strings, vec!["\n\n".to_string()]);
+    }
+
+    #[test]
+    fn bad_bodies_are_400_with_a_reason() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"{not json", "not JSON"),
+            (b"[1]", "JSON object"),
+            (br#"{"messages":[]}"#, "empty"),
+            (br#"{"model":"m"}"#, "`messages`"),
+            (br#"{"messages":[{"role":"robot","content":"x"}]}"#, "robot"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, "temperature"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#, "top_p"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"n":100}"#, "n = 100"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#, "stream"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#, "max_tokens"),
+            (br#"{"messages":[{"role":"user","content":{"a":1}}]}"#, "content"),
+        ];
+        for (body, want) in cases {
+            let e = parse_chat(body, 16).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(want), "{}: {}", String::from_utf8_lossy(body), e.message);
+            assert_eq!(error_body(&e)["error"]["type"], "invalid_request_error");
+        }
+    }
+}

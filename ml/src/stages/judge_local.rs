@@ -1,0 +1,65 @@
+//! `judge_local`: the `judge` ensemble (same templates, votes, majority and outputs; see
+//! `rredcot::stages::judge`) with the judge model run by the local model core: input `judge` is a
+//! checkpoint with its tokenizer, each vote's messages go through its chat template, and votes are
+//! generated in batches with their own seeds (deterministic for the same inputs, params, threads).
+//!
+//! A judge prompt that does not fit the judge model's context gets an empty reply (an invalid
+//! vote), counted in `prompts_too_long`.
+
+use anyhow::{Context, Result};
+use rredcot::engine::StageContext;
+use rredcot::stages::judge::{finish, prepare};
+
+use super::{load_policy, set_threads};
+use crate::model::{self, ChatMessage, SamplingParams};
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    set_threads(ctx)?;
+    let prepared = prepare(ctx)?;
+    let batch_size: usize = ctx.param::<usize>("batch_size")?.max(1);
+    let sampling = SamplingParams {
+        temperature: ctx.param("temperature")?,
+        top_p: ctx.param("top_p")?,
+        top_k: 0,
+        max_new_tokens: ctx.param("max_tokens")?,
+        stop_strings: vec![],
+        stop_token_ids: vec![],
+    };
+    let (model, tok) = load_policy(ctx, "judge")?;
+    let context = model.cfg.max_position_embeddings as usize;
+
+    // Encode every vote's conversation; those that cannot fit keep an empty reply.
+    let mut replies = vec![String::new(); prepared.votes.len()];
+    let mut todo: Vec<(usize, Vec<i64>)> = Vec::with_capacity(prepared.votes.len());
+    let mut too_long = 0;
+    for (i, v) in prepared.votes.iter().enumerate() {
+        let chat: Vec<ChatMessage> = v.messages.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect();
+        let ids = tok.encode_chat(&chat, true).with_context(|| format!("encoding judge prompt {i}"))?;
+        if ids.len() >= context {
+            too_long += 1;
+        } else {
+            todo.push((i, ids));
+        }
+    }
+    ctx.count("prompts_too_long", too_long);
+
+    let mut generated = 0i64;
+    let mut progress = ctx.progress(todo.len() as u64, "judge votes");
+    for (n, chunk) in todo.chunks(batch_size).enumerate() {
+        let longest = chunk.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+        let mut p = sampling.clone();
+        p.max_new_tokens = p.max_new_tokens.min(context - longest);
+        let prompts: Vec<Vec<i64>> = chunk.iter().map(|(_, ids)| ids.clone()).collect();
+        let seeds: Vec<u64> = chunk.iter().map(|(i, _)| prepared.votes[*i].seed).collect();
+        let gens = tch::no_grad(|| model::generate(&model, Some(&tok), &prompts, &seeds, &p))
+            .with_context(|| format!("generating judge batch {n}"))?;
+        for ((i, _), g) in chunk.iter().zip(gens) {
+            generated += g.tokens.len() as i64;
+            replies[*i] = g.text.unwrap_or_default();
+        }
+        progress.inc(chunk.len() as u64);
+    }
+    progress.finish();
+    ctx.count("tokens_generated", generated);
+    finish(ctx, prepared, &replies)
+}

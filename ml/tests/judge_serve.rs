@@ -1,0 +1,233 @@
+//! `rredcot serve` and the judge end to end: a tiny checkpoint trained by the default world is
+//! served on loopback (`--port 0`); its OpenAI endpoints answer in OpenAI's shapes (400 for a bad
+//! body); a pipeline's `judge` stage judges an eval artifact through it (every row gets
+//! `correct_judge`, one HTTP call per vote), a forced rerun sends 0 HTTP calls, and `judge_local`
+//! runs the same ensemble in the worker — with greedy decoding it gets the same replies as the
+//! server.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rredcot::artifact::rows::{EvalRow, PromptRow};
+use rredcot::artifact::{read_rows, write_rows, Schema};
+use rredcot::judge::http::{ChatClient, ChatRequest, HttpConfig, Stats};
+use serde_json::{json, Value};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn worker() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
+}
+
+/// `rredcot` when it was built next to the worker (`make test` builds every binary first; then
+/// `rredcot serve` hands over to the worker), else the worker itself (same CLI).
+fn serve_binary() -> PathBuf {
+    let light = worker().with_file_name("rredcot");
+    if light.is_file() {
+        light
+    } else {
+        eprintln!("note: {} not built; serving with rredcot-worker directly", light.display());
+        worker()
+    }
+}
+
+const PIPELINE: &str = r#"
+[[stage]]
+name = "taskgen"
+params = { n_train = 300, n_eval = 20, max_steps = 2 }
+
+[[stage]]
+name = "tokenizer"
+uses = "tokenizer_train"
+inputs = { corpus = "taskgen.train" }
+
+[[stage]]
+name = "sft"
+uses = "bootstrap_sft"
+inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
+params = { steps = 40, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16, max_len = 2048 }
+
+[[stage]]
+name = "judge"
+inputs = { eval = "file:eval.parquet" }
+params = { samples = 2, temperature = 0.0, max_tokens = 12, api_key_env = "", retries = 1, timeout_s = 60.0 }
+
+[[stage]]
+name = "judge_local"
+inputs = { eval = "file:eval.parquet", judge = "sft.model" }
+params = { samples = 2, temperature = 0.0, max_tokens = 12, device = "cpu", threads = 1 }
+"#;
+
+fn run(store: &Path, pipeline: &Path, args: &[&str]) -> Value {
+    let out = Command::new(worker()).arg("--store").arg(store).args(["pipeline", "run"]).arg(pipeline).arg("--json").args(args).output().unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn instance(store: &Path, summary: &Value, stage: &str) -> PathBuf {
+    store.join("instances").join(summary["keys"][stage].as_str().unwrap())
+}
+
+fn record(store: &Path, summary: &Value, stage: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(instance(store, summary, stage).join("run.json")).unwrap()).unwrap()
+}
+
+/// The server process; killed on drop.
+struct Served {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(model: &Path, name: &str) -> Served {
+    let mut child = Command::new(serve_binary())
+        .args(["serve", "--port", "0", "--device", "cpu", "--threads", "1", "--max-new-tokens", "32", "--model-name", name, "--model"])
+        .arg(model)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx.recv_timeout(Duration::from_secs(120)).expect("serve prints its address");
+    let url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap_or_else(|| panic!("no URL in {line:?}")).to_string();
+    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/v1"), "loopback by default: {line}");
+    Served { child, url }
+}
+
+/// A raw HTTP/1.1 exchange (status, JSON body).
+fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let addr = url.trim_start_matches("http://").trim_end_matches("/v1");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let json = text.split_once("\r\n\r\n").map(|(_, b)| serde_json::from_str(b).unwrap()).unwrap();
+    (status, json)
+}
+
+/// Eval rows from the task's eval problems: even rows state the reference answer, odd rows a wrong one.
+fn write_eval(store: &Path, summary: &Value, dir: &Path) -> Vec<EvalRow> {
+    let prompts: Vec<PromptRow> = read_rows(&instance(store, summary, "taskgen").join("outputs/eval.parquet"), Schema::Prompts).unwrap();
+    let rows: Vec<EvalRow> = prompts
+        .iter()
+        .take(4)
+        .enumerate()
+        .map(|(i, p)| {
+            let gold = p.answer.clone().unwrap();
+            let said = if i % 2 == 0 { gold.clone() } else { format!("{}1", gold) };
+            EvalRow {
+                prompt_id: p.id.clone(),
+                benchmark: "toy".into(),
+                sample_idx: 0,
+                question: p.prompt.clone(),
+                reference: Some(gold.clone()),
+                text: format!("The answer is {said}."),
+                answer: Some(said.clone()),
+                correct_verifier: said == gold,
+                correct_judge: None,
+            }
+        })
+        .collect();
+    write_rows(&dir.join("eval.parquet"), Schema::Eval, &rows).unwrap();
+    rows
+}
+
+fn replies(path: &Path) -> Vec<String> {
+    rredcot::stages::judge::read_judgments(path).unwrap().into_iter().map(|j| j.reply).collect()
+}
+
+#[test]
+fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let pipeline = dir.path().join("judge.toml");
+    std::fs::write(&pipeline, format!("stage_dirs = [{:?}]\n{PIPELINE}", repo().join("stages").display().to_string())).unwrap();
+    // The eval rows come from the task's problems: a placeholder until the world has run.
+    write_rows::<EvalRow>(&dir.path().join("eval.parquet"), Schema::Eval, &[]).unwrap();
+    let world = run(&store, &pipeline, &["--until", "sft"]);
+    let rows = write_eval(&store, &world, dir.path());
+    let ckpt = instance(&store, &world, "sft").join("outputs/model");
+    let server = serve(&ckpt, "tiny-sft");
+
+    // The OpenAI endpoints.
+    let (status, models) = raw(&server.url, "GET", "/v1/models", "");
+    assert_eq!((status, models["object"].as_str(), models["data"][0]["id"].as_str()), (200, Some("list"), Some("tiny-sft")));
+    let (status, err) = raw(&server.url, "POST", "/v1/chat/completions", "{\"messages\": [");
+    assert_eq!(status, 400);
+    assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+    let (status, _) = raw(&server.url, "GET", "/v1/nothing", "");
+    assert_eq!(status, 404);
+    let body = json!({"model": "tiny-sft", "messages": [{"role": "user", "content": rows[0].question}], "n": 2, "seed": 5, "temperature": 1.0, "max_tokens": 8});
+    let (status, resp) = raw(&server.url, "POST", "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!((resp["object"].as_str(), resp["model"].as_str()), (Some("chat.completion"), Some("tiny-sft")));
+    assert_eq!(resp["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(resp["choices"][1]["message"]["role"], "assistant");
+    let usage = &resp["usage"];
+    assert!(usage["completion_tokens"].as_i64().unwrap() > 0 && usage["completion_tokens"].as_i64().unwrap() <= 16, "{resp}");
+    assert_eq!(usage["total_tokens"].as_i64(), Some(usage["prompt_tokens"].as_i64().unwrap() + usage["completion_tokens"].as_i64().unwrap()));
+    // The same seeded request gives the same completion (the judge client reads it too).
+    let client = ChatClient::new(HttpConfig {
+        url: server.url.clone(),
+        api_key: None,
+        timeout: Duration::from_secs(60),
+        retries: 0,
+        backoff: Duration::ZERO,
+        max_backoff: Duration::ZERO,
+        concurrency: 1,
+    })
+    .unwrap();
+    let (again, _) = client.complete(&ChatRequest { body: body.clone(), label: "again".into() }, &Stats::default()).unwrap();
+    assert_eq!(again["choices"], resp["choices"]);
+
+    // The judge stage through the server.
+    let url = format!("judge.url={}", server.url);
+    let s = run(&store, &pipeline, &["--set", &url, "--set", "judge.model=tiny-sft"]);
+    let votes = (rows.len() * 2 * 2) as i64;
+    let rec = record(&store, &s, "judge");
+    let c = |rec: &Value, k: &str| rec["counters"][k].as_i64().unwrap_or(-1);
+    assert_eq!((c(&rec, "votes"), c(&rec, "http_calls"), c(&rec, "cache_hits"), c(&rec, "retries")), (votes, votes, 0, 0), "{rec}");
+    assert!(c(&rec, "completion_tokens") > 0);
+    assert!(rec["metrics"]["agreement_with_verifier"].is_number(), "{rec}");
+    let judged: Vec<EvalRow> = read_rows(&instance(&store, &s, "judge").join("outputs/eval.parquet"), Schema::Eval).unwrap();
+    assert_eq!(judged.len(), rows.len());
+    assert!(judged.iter().all(|r| r.correct_judge.is_some()));
+    assert_eq!(judged.iter().map(|r| r.correct_verifier).collect::<Vec<_>>(), rows.iter().map(|r| r.correct_verifier).collect::<Vec<_>>());
+
+    // judge_local: the same ensemble in the worker; greedy, so its replies are the server's.
+    let local = record(&store, &s, "judge_local");
+    assert_eq!(c(&local, "votes"), votes, "{local}");
+    assert!(c(&local, "tokens_generated") > 0);
+    let local_rows: Vec<EvalRow> = read_rows(&instance(&store, &s, "judge_local").join("outputs/eval.parquet"), Schema::Eval).unwrap();
+    assert!(local_rows.iter().all(|r| r.correct_judge.is_some()));
+    let http_replies = replies(&instance(&store, &s, "judge").join("outputs/judgments.parquet"));
+    assert_eq!(http_replies.len() as i64, votes);
+    assert!(http_replies.iter().any(|r| !r.trim().is_empty()), "{http_replies:?}");
+    eprintln!("first judge replies: {:?}", &http_replies[..2]);
+    assert_eq!(replies(&instance(&store, &s, "judge_local").join("outputs/judgments.parquet")), http_replies);
+
+    // A forced rerun sends nothing: every reply comes from the store's judge cache.
+    let again = run(&store, &pipeline, &["--set", &url, "--set", "judge.model=tiny-sft", "--force", "judge"]);
+    let rec2 = record(&store, &again, "judge");
+    assert_eq!((c(&rec2, "http_calls"), c(&rec2, "cache_hits")), (0, votes), "{rec2}");
+    assert_eq!(rec2["outputs"]["eval"]["hash"], rec["outputs"]["eval"]["hash"]);
+}
