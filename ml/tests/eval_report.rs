@@ -42,6 +42,12 @@ const TINY: &[&str] = &[
     "eval_base.limit=6",
     "eval_base.k=2",
     "eval_base.max_new_tokens=40",
+    "eval_gsm8k_base.limit=3",
+    "eval_gsm8k_grpo.limit=3",
+    "eval_gsm8k_rredcot.limit=3",
+    "eval_gsm8k_base.max_new_tokens=16",
+    "eval_gsm8k_grpo.max_new_tokens=16",
+    "eval_gsm8k_rredcot.max_new_tokens=16",
 ];
 
 fn rredcot(store: &Path, args: &[&str]) -> std::process::Output {
@@ -145,15 +151,23 @@ fn quickstart_evaluates_reports_and_exports() {
     for (label, stage) in [("base", "eval_base"), ("GRPO", "grpo.eval[1]"), ("RREDCoT", "rredcot.eval[1]")] {
         let rows: Vec<EvalRow> = read_rows(&outputs(&store, &s, stage).join("eval.parquet"), Schema::Eval).unwrap();
         let (mean, se) = avg_at_k(&rows);
-        let f = csv.lines().map(csv_fields).find(|f| f[1] == label).unwrap_or_else(|| panic!("no {label} in {csv}"));
+        let f = csv.lines().map(csv_fields).find(|f| f[1] == label && f[2] == "taskgen").unwrap_or_else(|| panic!("no {label} in {csv}"));
         let line = f.join(" | ");
         assert_eq!((f[2].as_str(), f[3].as_str(), f[4].as_str()), ("taskgen", "2", "6"), "{line}");
         assert!((f[6].parse::<f64>().unwrap() - mean).abs() < 1e-12 && (f[7].parse::<f64>().unwrap() - se).abs() < 1e-12, "{line} vs {mean} ± {se}");
-        let cell = format!("| {label} | {:.1} ± {:.1}", 100.0 * mean, 100.0 * se);
-        assert!(md.contains(&cell), "{cell} not in\n{md}");
-        // Provenance names the instance each row came from.
+        // Columns are benchmarks by name: gsm8k, then taskgen.
+        let line = md.lines().find(|l| l.starts_with(&format!("| {label} |"))).unwrap();
+        let cell = format!("{:.1} ± {:.1}", 100.0 * mean, 100.0 * se);
+        assert_eq!(line.split('|').nth(3).map(|c| c.trim().starts_with(&cell)), Some(true), "{cell} not the taskgen cell of {line}");
+        // The gsm8k column comes from a second eval artifact of the same row.
+        let gsm: Vec<EvalRow> = read_rows(&outputs(&store, &s, &format!("eval_gsm8k_{}", label.to_lowercase())).join("eval.parquet"), Schema::Eval).unwrap();
+        let g = csv.lines().map(csv_fields).find(|f| f[1] == label && f[2] == "gsm8k").unwrap_or_else(|| panic!("no {label} gsm8k in {csv}"));
+        assert!((g[6].parse::<f64>().unwrap() - avg_at_k(&gsm).0).abs() < 1e-12, "{g:?}");
+        // Provenance names the instances each row came from.
         let key = &s["keys"][stage].as_str().unwrap()[..12];
-        assert!(md.contains(&format!("- {label}: {stage}.eval (instance {key}")), "{md}");
+        let gstage = format!("eval_gsm8k_{}", label.to_lowercase());
+        let gkey = &s["keys"][&gstage].as_str().unwrap()[..12];
+        assert!(md.contains(&format!("- {label}: {stage}.eval (instance {key}")) && md.contains(&format!("{gstage}.eval (instance {gkey}")), "{md}");
         row_order.push(md.find(&format!("| {label} |")).unwrap());
     }
     assert!(row_order.windows(2).all(|w| w[0] < w[1]), "rows in the order of the `rows` param");

@@ -163,13 +163,22 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let wanted_rows: Vec<String> = ctx.param("rows")?;
     let out = ctx.output("report")?.to_path_buf();
 
+    // `evals.<row>` or `evals.<row>/<part>`: a row may gather several eval artifacts (e.g. one
+    // per benchmark set, evaluated by different stages).
     let mut evals: BTreeMap<String, (Vec<EvalRow>, String)> = BTreeMap::new();
-    for (label, path) in members(ctx, "evals") {
+    for (member, path) in members(ctx, "evals") {
         let rows: Vec<EvalRow> = read_rows(path, Schema::Eval)?;
         if rows.is_empty() {
-            bail!("input `evals.{label}` ({}): no rows", path.display());
+            bail!("input `evals.{member}` ({}): no rows", path.display());
         }
-        evals.insert(label.to_string(), (rows, provenance(ctx, &format!("evals.{label}"))));
+        let label = member.split_once('/').map_or(member, |(row, _)| row);
+        let entry = evals.entry(label.to_string()).or_default();
+        if let Some(dup) = rows.iter().find(|r| entry.0.iter().any(|e| e.benchmark == r.benchmark)) {
+            bail!("input `evals.{member}`: row `{label}` already has benchmark `{}` from another input", dup.benchmark);
+        }
+        entry.0.extend(rows);
+        let source = provenance(ctx, &format!("evals.{member}"));
+        entry.1 = if entry.1.is_empty() { source } else { format!("{}; {source}", entry.1) };
     }
     if evals.is_empty() {
         bail!("stage `{}`: nothing to report (wire inputs `evals.<method> = \"stage.eval\"`)", ctx.instance);
@@ -264,7 +273,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         }
     }
 
-    md += "\n## Provenance\n\nEach row's numbers come from one eval artifact (`rredcot artifact show KEY` prints it and its run record):\n\n";
+    md += "\n## Provenance\n\nEach row's numbers come from these eval artifacts (`rredcot artifact show KEY` prints one and its run record):\n\n";
     for label in &order {
         let _ = writeln!(md, "- {label}: {}", evals[label].1);
     }
