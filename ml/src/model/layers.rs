@@ -219,6 +219,26 @@ impl KvCache {
         self.layers.first().map_or(0, |l| l.k.size()[0])
     }
 
+    /// The first `lens[b]` cached tokens of every row `b`, laid end to end as one row (a batch-1
+    /// cache of Σ lens tokens). Each part keeps its own rotary positions, so a query that masks
+    /// every key outside one part attends exactly as it would to that row alone.
+    pub fn packed(&self, lens: &[i64]) -> KvCache {
+        let total: i64 = lens.iter().sum();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let cat = |t: &Tensor| {
+                    let parts: Vec<Tensor> =
+                        lens.iter().enumerate().map(|(b, &n)| t.narrow(0, b as i64, 1).narrow(2, 0, n)).collect();
+                    Tensor::cat(&parts, 2)
+                };
+                LayerKv { k: cat(&l.k), v: cat(&l.v), len: total }
+            })
+            .collect();
+        KvCache { layers }
+    }
+
     /// A new cache holding rows `rows` of this one (repeats allowed: expands a shared prefix to
     /// a batch), with `extra` free slots for new tokens. The source is untouched (a fork).
     pub fn select_rows(&self, rows: &[i64], extra: i64) -> KvCache {

@@ -134,85 +134,130 @@ pub fn score_cuts(
     cuts: &[usize],
     targets: &[Vec<i64>],
 ) -> Result<Vec<Vec<f64>>> {
-    validate_cuts(model, trace, cuts, targets)?;
+    let mut out = score_cuts_many(model, &[CutRequest { trace, cuts, targets }])?;
+    Ok(out.pop().unwrap_or_default())
+}
+
+/// One trace to score at its cut points (the arguments of [`score_cuts`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CutRequest<'a> {
+    pub trace: &'a [i64],
+    pub cuts: &'a [usize],
+    pub targets: &'a [Vec<i64>],
+}
+
+/// [`score_cuts`] for several traces in one pass (`out[r][i][j]` for request r): the traces are
+/// prefilled as one right-padded batch, their keys/values packed end to end into one shared
+/// prefix, and every (trace, cut, target) row masks all keys but its own trace's before its cut.
+/// Fewer, larger forward calls: what makes scoring cheap for small models, where per-call
+/// overhead dominates. Callers bound the packed length (attention to the prefix grows with it).
+pub fn score_cuts_many(model: &DecoderLm, reqs: &[CutRequest]) -> Result<Vec<Vec<Vec<f64>>>> {
+    for r in reqs {
+        validate_cuts(model, r.trace, r.cuts, r.targets)?;
+    }
+    if reqs.is_empty() {
+        return Ok(vec![]);
+    }
     let dev = model.device();
     let kind = model.kind();
-    let n = trace.len() as i64;
-    tch::no_grad(|| -> Result<Vec<Vec<f64>>> {
-        // 1. The trace once, keeping its keys/values and hidden states.
-        let mut prefix = model.new_cache(1, n);
-        let ids = Tensor::from_slice(trace).view([1, n]).to_device(dev);
-        let pos = Tensor::arange(n, (Kind::Int64, dev)).view([1, n]);
-        let h = model.hidden(&ids, &pos, &AttnMask::Causal, Some(&mut prefix));
-        // 2. First target token of every (cut, target) from the trace's hidden state at c - 1.
-        let last: Vec<i64> = cuts.iter().map(|&c| c as i64 - 1).collect();
-        let h_cut = h
-            .get(0)
-            .index_select(0, &Tensor::from_slice(&last).to_device(dev));
-        let first_lp = model
-            .logits(&h_cut)
-            .to_kind(Kind::Float)
-            .log_softmax(-1, Kind::Float); // [C, V]
+    let b = reqs.len() as i64;
+    let lens: Vec<i64> = reqs.iter().map(|r| r.trace.len() as i64).collect();
+    let n_max = *lens.iter().max().unwrap_or(&1);
+    let offsets: Vec<i64> = lens.iter().scan(0, |acc, &n| { let o = *acc; *acc += n; Some(o) }).collect();
+    let total: i64 = lens.iter().sum();
+    tch::no_grad(|| -> Result<Vec<Vec<Vec<f64>>>> {
+        // 1. All traces once (right padding: a real token never attends to a later pad).
+        let mut cache = model.new_cache(b, n_max);
+        let mut ids = vec![0i64; (b * n_max) as usize];
+        for (r, q) in reqs.iter().enumerate() {
+            ids[r * n_max as usize..][..q.trace.len()].copy_from_slice(q.trace);
+        }
+        let ids = Tensor::from_slice(&ids).view([b, n_max]).to_device(dev);
+        let pos = Tensor::arange(n_max, (Kind::Int64, dev)).view([1, n_max]).repeat([b, 1]);
+        let h = model.hidden(&ids, &pos, &AttnMask::Causal, Some(&mut cache));
+        let d = h.size()[2];
+        // 2. First target token of every (trace, cut, target) from the hidden state at cut - 1.
+        let last: Vec<i64> = reqs
+            .iter()
+            .enumerate()
+            .flat_map(|(r, q)| q.cuts.iter().map(move |&c| r as i64 * n_max + c as i64 - 1))
+            .collect();
+        let h_cut = h.view([b * n_max, d]).index_select(0, &Tensor::from_slice(&last).to_device(dev));
+        let first_lp = model.logits(&h_cut).to_kind(Kind::Float).log_softmax(-1, Kind::Float); // [ΣC, V]
         non_finite_check(&first_lp, 0)?;
-        let mut out = vec![vec![0f64; targets.len()]; cuts.len()];
-        for (i, row) in out.iter_mut().enumerate() {
-            for (j, t) in targets.iter().enumerate() {
-                row[j] = first_lp.double_value(&[i as i64, t[0]]);
+        let mut out: Vec<Vec<Vec<f64>>> = reqs.iter().map(|q| vec![vec![0f64; q.targets.len()]; q.cuts.len()]).collect();
+        let mut at = 0i64;
+        for (r, q) in reqs.iter().enumerate() {
+            for i in 0..q.cuts.len() {
+                for (j, t) in q.targets.iter().enumerate() {
+                    out[r][i][j] = first_lp.double_value(&[at, t[0]]);
+                }
+                at += 1;
             }
         }
-        // 3. The remaining target tokens: rows (cut, target) attend to the shared prefix. Rows
-        //    are grouped by target so a chunk is padded only to its own target's length.
-        for (j, target) in targets.iter().enumerate() {
-            let own = target.len() as i64 - 1;
-            if own == 0 {
-                continue;
+        // 3. The remaining target tokens. Rows (trace, cut, target) sorted by target length, so a
+        //    chunk is padded only to about its own length.
+        let prefix = cache.packed(&lens);
+        let mut rows: Vec<(usize, usize, usize)> = reqs
+            .iter()
+            .enumerate()
+            .flat_map(|(r, q)| (0..q.cuts.len()).flat_map(move |i| (0..q.targets.len()).map(move |j| (r, i, j))))
+            .filter(|&(r, _, j)| reqs[r].targets[j].len() > 1)
+            .collect();
+        rows.sort_by_key(|&(r, _, j)| reqs[r].targets[j].len());
+        let keys = Tensor::arange(total, (Kind::Int64, dev)).view([1, 1, 1, total]);
+        let mut start = 0;
+        while start < rows.len() {
+            // Rows sorted by length: the chunk's last row is its longest.
+            let mut end = start + 1;
+            while end < rows.len() {
+                let (r, _, j) = rows[end];
+                let own = reqs[r].targets[j].len() as i64 - 1;
+                if (end - start + 1) as i64 * own > LOGIT_ROWS {
+                    break;
+                }
+                end += 1;
             }
-            let pairs: Vec<(usize, usize)> = (0..cuts.len()).map(|i| (i, j)).collect();
-            let per_chunk = (LOGIT_ROWS / own).max(1) as usize;
-            for chunk in pairs.chunks(per_chunk) {
-                let m = chunk.len() as i64;
-                let mut inp = vec![0i64; (m * own) as usize];
-                let mut tgt = vec![0i64; (m * own) as usize];
-                let mut valid = vec![0f64; (m * own) as usize];
-                let mut positions = vec![0i64; (m * own) as usize];
-                let mut cut_of = vec![0i64; m as usize];
-                for (r, &(i, j)) in chunk.iter().enumerate() {
-                    let t = &targets[j];
-                    cut_of[r] = cuts[i] as i64;
-                    for k in 0..own as usize {
-                        let at = r * own as usize + k;
-                        positions[at] = cuts[i] as i64 + k as i64;
-                        if k + 1 < t.len() {
-                            inp[at] = t[k];
-                            tgt[at] = t[k + 1];
-                            valid[at] = 1.0;
-                        }
+            let chunk = &rows[start..end];
+            start = end;
+            let (lr, _, lj) = chunk[chunk.len() - 1];
+            let own = reqs[lr].targets[lj].len() as i64 - 1;
+            let m = chunk.len() as i64;
+            let cells = (m * own) as usize;
+            let (mut inp, mut tgt, mut valid, mut positions) = (vec![0i64; cells], vec![0i64; cells], vec![0f64; cells], vec![0i64; cells]);
+            let (mut lo, mut hi) = (vec![0i64; m as usize], vec![0i64; m as usize]);
+            for (row, &(r, i, j)) in chunk.iter().enumerate() {
+                let t = &reqs[r].targets[j];
+                let cut = reqs[r].cuts[i] as i64;
+                lo[row] = offsets[r];
+                hi[row] = offsets[r] + cut;
+                for k in 0..own as usize {
+                    let a = row * own as usize + k;
+                    positions[a] = cut + k as i64;
+                    if k + 1 < t.len() {
+                        inp[a] = t[k];
+                        tgt[a] = t[k + 1];
+                        valid[a] = 1.0;
                     }
                 }
-                let inp = Tensor::from_slice(&inp).view([m, own]).to_device(dev);
-                let tgt = Tensor::from_slice(&tgt).view([m, own]).to_device(dev);
-                let positions = Tensor::from_slice(&positions).view([m, own]).to_device(dev);
-                let cut_t = Tensor::from_slice(&cut_of)
-                    .view([m, 1, 1, 1])
-                    .to_device(dev);
-                let keys = Tensor::arange(n, (Kind::Int64, dev)).view([1, 1, 1, n]);
-                let prefix_bias = Tensor::zeros([m, 1, 1, n], (kind, dev))
-                    .masked_fill(&keys.ge_tensor(&cut_t), MASKED);
-                let own_bias = causal_bias(1, own, 0, None, kind, dev);
-                let hid =
-                    model.hidden_shared_prefix(&inp, &positions, &prefix, &prefix_bias, &own_bias);
-                let logits = model.logits(&hid);
-                non_finite_check(&logits, 0)?;
-                let lp = gather_logprobs(&logits, &tgt)
-                    * Tensor::from_slice(&valid).view([m, own]).to_device(dev);
-                let sums = Vec::<f64>::try_from(
-                    lp.sum_dim_intlist(-1, false, Kind::Double)
-                        .to_device(Device::Cpu),
-                )
+            }
+            let inp = Tensor::from_slice(&inp).view([m, own]).to_device(dev);
+            let tgt = Tensor::from_slice(&tgt).view([m, own]).to_device(dev);
+            let positions = Tensor::from_slice(&positions).view([m, own]).to_device(dev);
+            let lo = Tensor::from_slice(&lo).view([m, 1, 1, 1]).to_device(dev);
+            let hi = Tensor::from_slice(&hi).view([m, 1, 1, 1]).to_device(dev);
+            // Each row sees only its own trace's keys before its cut.
+            let outside = keys.lt_tensor(&lo).logical_or(&keys.ge_tensor(&hi));
+            let prefix_bias = Tensor::zeros([m, 1, 1, total], (kind, dev)).masked_fill(&outside, MASKED);
+            let own_bias = causal_bias(1, own, 0, None, kind, dev);
+            let hid = model.hidden_shared_prefix(&inp, &positions, &prefix, &prefix_bias, &own_bias);
+            let logits = model.logits(&hid);
+            non_finite_check(&logits, 0)?;
+            let lp = gather_logprobs(&logits, &tgt) * Tensor::from_slice(&valid).view([m, own]).to_device(dev);
+            let sums = Vec::<f64>::try_from(lp.sum_dim_intlist(-1, false, Kind::Double).to_device(Device::Cpu))
                 .map_err(|e| ModelError::Request(format!("reading scores: {e}")))?;
-                for (r, &(i, j)) in chunk.iter().enumerate() {
-                    out[i][j] += sums[r];
-                }
+            for (row, &(r, i, j)) in chunk.iter().enumerate() {
+                out[r][i][j] += sums[row];
             }
         }
         Ok(out)
@@ -313,6 +358,35 @@ pub(crate) mod tests {
             assert!(worst <= 1e-4, "{arch:?}: max |Δ| {worst}");
             // The values are informative (not all equal), so the comparison can fail.
             assert!((slow[0][1] - slow[6][1]).abs() > 1e-3);
+        }
+    }
+
+    #[test]
+    fn packed_traces_score_like_each_trace_alone() {
+        for (k, arch) in [Arch::Qwen2, Arch::Llama].into_iter().enumerate() {
+            let m = tiny_model(arch, 10 + k as i64);
+            // Traces of different lengths, cuts and target sets (one target of one token).
+            let traces = [rand_ids(90, 61, 1), rand_ids(23, 61, 2), rand_ids(57, 61, 3)];
+            let cuts: [Vec<usize>; 3] = [vec![1, 30, 89, 90], vec![5, 23], vec![2, 3, 40, 57]];
+            let targets = [
+                vec![rand_ids(4, 61, 4), rand_ids(12, 61, 5)],
+                vec![rand_ids(1, 61, 6)],
+                vec![rand_ids(9, 61, 7), rand_ids(2, 61, 8), rand_ids(15, 61, 9)],
+            ];
+            let reqs: Vec<CutRequest> =
+                (0..3).map(|r| CutRequest { trace: &traces[r], cuts: &cuts[r], targets: &targets[r] }).collect();
+            let packed = score_cuts_many(&m, &reqs).unwrap();
+            assert_eq!(packed.len(), 3);
+            for r in 0..3 {
+                let alone = score_cuts_naive(&m, &traces[r], &cuts[r], &targets[r]).unwrap();
+                assert_eq!((packed[r].len(), packed[r][0].len()), (alone.len(), alone[0].len()));
+                for (a, b) in packed[r].iter().flatten().zip(alone.iter().flatten()) {
+                    assert!((a - b).abs() <= 1e-4, "{arch:?} trace {r}: {a} vs {b}");
+                }
+            }
+            // A trace's values depend on its own keys only: packing it with others changes nothing.
+            let solo = score_cuts(&m, &traces[2], &cuts[2], &targets[2]).unwrap();
+            assert!(solo.iter().flatten().zip(packed[2].iter().flatten()).all(|(a, b)| (a - b).abs() <= 1e-4));
         }
     }
 

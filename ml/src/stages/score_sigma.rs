@@ -21,7 +21,7 @@ use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::engine::StageContext;
 
 use super::{encode_prompt, load_policy, set_threads};
-use crate::model::{score_cuts, score_cuts_naive, DecoderLm, Tokenizer};
+use crate::model::{score_cuts_many, score_cuts_naive, CutRequest, DecoderLm, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -78,15 +78,33 @@ struct Scored {
     missing: bool,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn score_one(
+/// A trace ready to score: its token ids, cut points and targets (y* and/or u*).
+struct Request {
+    prompt_id: String,
+    sample_idx: i32,
+    trace: Vec<i64>,
+    cuts: Vec<usize>,
+    targets: Vec<Vec<i64>>,
+    need_answer: bool,
+    need_solution: bool,
+    solution_truncated: bool,
+    trace_truncated: bool,
+}
+
+/// What one segments row needs: scoring, or nothing (uniform σ: no reference to score against).
+enum Prepared {
+    Score(Request),
+    Done(Scored),
+}
+
+fn prepare(
     model: &DecoderLm,
     tok: &Tokenizer,
     s: &Settings,
     prompt: &PromptRow,
     rollout: &RolloutRow,
     seg: &SegmentRow,
-) -> Result<Scored> {
+) -> Result<Prepared> {
     let n = rollout.completion_ids.len();
     let ends = checked_ends(&seg.seg_starts, &seg.seg_ends, n).map_err(anyhow::Error::msg)?;
     let uniform = |missing: bool| Scored {
@@ -115,7 +133,7 @@ fn score_one(
         let what = if need_answer && answer.is_none() { "answer" } else { "reference solution" };
         return match s.on_missing {
             OnMissing::Error => bail!("no {what} to score against (set on_missing_reference = \"uniform\" to give such traces uniform credit)"),
-            OnMissing::Uniform => Ok(uniform(true)),
+            OnMissing::Uniform => Ok(Prepared::Done(uniform(true))),
         };
     }
 
@@ -167,22 +185,43 @@ fn score_one(
         }
     }
     let targets: Vec<Vec<i64>> = y.into_iter().chain(u).collect();
-
-    let values = match s.scorer {
-        Scorer::KvShared => score_cuts(model, &trace, &cuts, &targets)?,
-        Scorer::Naive => score_cuts_naive(model, &trace, &cuts, &targets)?,
-    };
-    let column = |j: usize| values.iter().map(|row| row[j]).collect::<Vec<f64>>();
-    let r = if need_answer { column(0) } else { vec![] };
-    let v = if need_solution { column(targets.len() - 1) } else { vec![] };
-    let unnorm = sigma::unnormalized(&r, &v, s.terms);
-    let (sig, fell_back) = sigma::normalize(&unnorm, s.normalize);
-    Ok(Scored {
-        row: ScoreRow { prompt_id: seg.prompt_id.clone(), sample_idx: seg.sample_idx, r, v, sigma: sig, method: "rredcot".into() },
+    Ok(Prepared::Score(Request {
+        prompt_id: seg.prompt_id.clone(),
+        sample_idx: seg.sample_idx,
+        trace,
+        cuts,
+        targets,
+        need_answer,
+        need_solution,
         solution_truncated,
         trace_truncated,
+    }))
+}
+
+/// σ of a scored trace from its values `values[cut][target]`.
+fn finish(q: Request, values: &[Vec<f64>], s: &Settings) -> Scored {
+    let column = |j: usize| values.iter().map(|row| row[j]).collect::<Vec<f64>>();
+    let r = if q.need_answer { column(0) } else { vec![] };
+    let v = if q.need_solution { column(q.targets.len() - 1) } else { vec![] };
+    let unnorm = sigma::unnormalized(&r, &v, s.terms);
+    let (sig, fell_back) = sigma::normalize(&unnorm, s.normalize);
+    Scored {
+        row: ScoreRow { prompt_id: q.prompt_id, sample_idx: q.sample_idx, r, v, sigma: sig, method: "rredcot".into() },
+        solution_truncated: q.solution_truncated,
+        trace_truncated: q.trace_truncated,
         fell_back,
         missing: false,
+    }
+}
+
+/// Scores a pack of traces: in one packed pass (`kv_shared`) or one by one with the oracle.
+fn score_pack(model: &DecoderLm, pack: &[&Request], scorer: Scorer) -> Result<Vec<Vec<Vec<f64>>>> {
+    Ok(match scorer {
+        Scorer::KvShared => {
+            let reqs: Vec<CutRequest> = pack.iter().map(|q| CutRequest { trace: &q.trace, cuts: &q.cuts, targets: &q.targets }).collect();
+            score_cuts_many(model, &reqs)?
+        }
+        Scorer::Naive => pack.iter().map(|q| score_cuts_naive(model, &q.trace, &q.cuts, &q.targets)).collect::<std::result::Result<_, _>>()?,
     })
 }
 
@@ -197,6 +236,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         on_too_long: ctx.param("on_too_long")?,
         scorer: ctx.param("scorer")?,
     };
+    let pack_tokens: usize = ctx.param("pack_tokens")?;
     if !s.answer_template.contains("{answer}") {
         bail!("stage `{}`: answer_template must contain {{answer}}", ctx.instance);
     }
@@ -210,11 +250,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         rollouts.iter().map(|r| ((r.prompt_id.as_str(), r.sample_idx), r)).collect();
     let (model, tok) = load_policy(ctx, "policy")?;
 
-    let mut out = Vec::with_capacity(segments.len());
-    let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64, 0i64);
-    let mut sigma_entropy = 0.0;
-    let t0 = Instant::now();
-    let mut progress = ctx.progress(segments.len() as u64, "sigma");
+    // 1. Every row's trace, cuts and targets (errors name the row).
+    let mut prepared = Vec::with_capacity(segments.len());
     for (i, seg) in segments.iter().enumerate() {
         let at = || format!("{} row {i} (prompt {}, sample {})", segments_path.display(), seg.prompt_id, seg.sample_idx);
         let rollout = by_key
@@ -223,9 +260,53 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         let prompt = by_id
             .get(seg.prompt_id.as_str())
             .with_context(|| format!("{}: prompt not in the wired prompts", at()))?;
-        let scored = score_one(&model, &tok, &s, prompt, rollout, seg).with_context(at)?;
+        prepared.push(prepare(&model, &tok, &s, prompt, rollout, seg).with_context(at)?);
+    }
+    // 2. Packs of traces up to `pack_tokens` tokens together, scored in one pass each.
+    let mut packs: Vec<Vec<usize>> = Vec::new();
+    let mut in_pack = 0usize;
+    for (i, p) in prepared.iter().enumerate() {
+        if let Prepared::Score(q) = p {
+            if packs.is_empty() || (in_pack + q.trace.len() > pack_tokens && in_pack > 0) {
+                packs.push(Vec::new());
+                in_pack = 0;
+            }
+            packs.last_mut().expect("a pack").push(i);
+            in_pack += q.trace.len();
+        }
+    }
+    let mut values: Vec<Option<Vec<Vec<f64>>>> = vec![None; prepared.len()];
+    let t0 = Instant::now();
+    let mut progress = ctx.progress(segments.len() as u64, "sigma");
+    let mut done = prepared.iter().filter(|p| matches!(p, Prepared::Done(_))).count();
+    for pack in &packs {
+        let reqs: Vec<&Request> = pack.iter().map(|&i| match &prepared[i] {
+            Prepared::Score(q) => q,
+            Prepared::Done(_) => unreachable!("packs hold traces to score"),
+        }).collect();
+        let scored = score_pack(&model, &reqs, s.scorer).with_context(|| {
+            format!("{}: scoring rows {} .. {}", segments_path.display(), pack[0], pack[pack.len() - 1])
+        })?;
+        for (&i, v) in pack.iter().zip(scored) {
+            values[i] = Some(v);
+        }
+        done += pack.len();
+        let rate = done as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+        progress.set(done as u64, &format!("sigma {rate:.1} traces/s"));
+    }
+    // 3. σ per trace, in row order.
+    let mut out = Vec::with_capacity(segments.len());
+    let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64, 0i64);
+    let mut sigma_entropy = 0.0;
+    for (i, (p, v)) in prepared.into_iter().zip(values).enumerate() {
+        let scored = match (p, v) {
+            (Prepared::Done(d), _) => d,
+            (Prepared::Score(q), Some(v)) => finish(q, &v, &s),
+            (Prepared::Score(_), None) => unreachable!("every trace to score is in a pack"),
+        };
         if let Some(bad) = scored.row.sigma.iter().find(|x| !x.is_finite()) {
-            bail!("{}: σ is {bad} (normalize = none on a non-finite value curve)", at());
+            let seg = &segments[i];
+            bail!("{} row {i} (prompt {}, sample {}): σ is {bad} (normalize = none on a non-finite value curve)", segments_path.display(), seg.prompt_id, seg.sample_idx);
         }
         sol_trunc += scored.solution_truncated as i64;
         trace_trunc += scored.trace_truncated as i64;
@@ -236,8 +317,6 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             sigma_entropy += sigma::entropy(&scored.row.sigma);
         }
         out.push(scored.row);
-        let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
-        progress.set(i as u64 + 1, &format!("sigma {rate:.1} traces/s"));
     }
     progress.finish();
     let n = out.len().max(1) as f64;
