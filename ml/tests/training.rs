@@ -1,7 +1,8 @@
 //! Unrolled GRPO and RREDCoT training through the real worker binary on a tiny default world:
 //! a run killed between steps and mid-step resumes to the same checkpoint hashes as an
 //! uninterrupted run; the trained checkpoint gives transformers' logits; a non-finite loss stops
-//! the step with a clear error and caches nothing; an off-policy policy input is refused.
+//! the step with a clear error and caches nothing; an off-policy policy input and an empty batch
+//! are refused.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -221,4 +222,11 @@ fn non_finite_loss_and_off_policy_inputs_stop_the_step_and_cache_nothing() {
     std::fs::write(&q, body).unwrap();
     let text = failure(worker(&store, &q, &["grpo.repeat=1", "rredcot.repeat=1"]).output().unwrap());
     assert!(text.contains("was sampled from checkpoint") && text.contains("allow_off_policy"), "{text}");
+
+    // An empty batch (e.g. every prompt of the step skipped): a clear error naming the file.
+    let empty = dir.path().join("empty-rollouts.parquet");
+    rredcot::artifact::write_rows(&empty, rredcot::artifact::Schema::Rollouts, &Vec::<rredcot::artifact::rows::RolloutRow>::new()).unwrap();
+    let rewire = format!("grpo.update.inputs.rollouts=file:{}", empty.display());
+    let text = failure(worker(&store, &p, &["grpo.repeat=1", "rredcot.repeat=1", &rewire]).output().unwrap());
+    assert!(text.contains("no rollouts to train on") && text.contains("empty-rollouts.parquet"), "{text}");
 }
