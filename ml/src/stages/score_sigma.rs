@@ -76,6 +76,9 @@ struct Scored {
     trace_truncated: bool,
     fell_back: bool,
     missing: bool,
+    /// Model cost: (sequences, token positions) run (kv_shared: the trace once, then every
+    /// (cut, target) row on its shared prefix; naive: one prefill per (cut, target)).
+    cost: (usize, usize),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -102,6 +105,7 @@ fn score_one(
         trace_truncated: false,
         fell_back: false,
         missing,
+        cost: (0, 0),
     };
     let answer = match s.answer_source {
         AnswerSource::Reference => prompt.answer.as_deref(),
@@ -183,6 +187,10 @@ fn score_one(
         trace_truncated,
         fell_back,
         missing: false,
+        cost: match s.scorer {
+            Scorer::KvShared => (1 + cuts.len() * targets.len(), trace.len() + cuts.len() * targets.iter().map(Vec::len).sum::<usize>()),
+            Scorer::Naive => (cuts.len() * targets.len(), cuts.iter().flat_map(|c| targets.iter().map(move |t| c + t.len())).sum()),
+        },
     })
 }
 
@@ -212,6 +220,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
 
     let mut out = Vec::with_capacity(segments.len());
     let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64, 0i64);
+    let (mut sequences, mut positions) = (0usize, 0usize);
     let mut sigma_entropy = 0.0;
     let t0 = Instant::now();
     let mut progress = ctx.progress(segments.len() as u64, "sigma");
@@ -231,6 +240,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         trace_trunc += scored.trace_truncated as i64;
         fell_back += scored.fell_back as i64;
         missing += scored.missing as i64;
+        sequences += scored.cost.0;
+        positions += scored.cost.1;
         segs += scored.row.sigma.len() as i64;
         if s.normalize != Normalize::None {
             sigma_entropy += sigma::entropy(&scored.row.sigma);
@@ -248,6 +259,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("solution_targets_truncated", sol_trunc);
     ctx.count("traces_truncated", trace_trunc);
     ctx.count("tokens_generated", 0);
+    ctx.count("forward_sequences", sequences as i64);
+    ctx.count("forward_tokens", positions as i64);
     ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / n);
     if s.normalize != Normalize::None {
         ctx.metric("mean_sigma_entropy", sigma_entropy / n);
