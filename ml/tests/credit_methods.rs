@@ -12,31 +12,14 @@ use std::process::{Command, Output};
 use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use rredcot::artifact::{read_batches, read_rows, Schema};
 use rredcot_ml::model::{self, generate, LoadedModel, SamplingParams};
+use rredcot_ml::stages::score_mc::CompletionRow;
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+mod common;
+use common::{output, record, repo, TINY};
 
-/// The tiny configuration of `credit_stages.rs` (seconds in a debug build).
-const TINY: &[&str] = &[
-    "taskgen.n_train=300",
-    "taskgen.n_eval=20",
-    "taskgen.max_steps=2",
-    "sft.steps=40",
-    "sft.batch_size=8",
-    "sft.layers=2",
-    "sft.hidden=64",
-    "sft.heads=2",
-    "sft.kv_heads=1",
-    "sft.intermediate=128",
-    "sft.eval_n=4",
-    "sft.eval_max_new_tokens=16",
-    "rollout.limit=3",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=48",
-    "segment.max_segments=4",
-];
+/// Fewer segments than the incremental pipeline's 40: MC samples k completions per exit point.
+const FEW_SEGMENTS: &str = "segment.max_segments=4";
 
 /// One-operation problems and a longer SFT: the tiny policy then solves some (reward > 0), so MC
 /// values are not all 0.
@@ -60,27 +43,12 @@ fn method_pipeline(dir: &Path, kind: &str, params: &str) -> PathBuf {
 fn run_ok(store: &Path, pipeline: &Path, extra: &[&str]) -> Value {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
     c.arg("--store").arg(store).args(["pipeline", "run"]).arg(pipeline).arg("--json");
-    for s in TINY {
+    for s in TINY.iter().chain([&FEW_SEGMENTS]) {
         c.args(["--set", s]);
     }
     let out: Output = c.args(extra).output().unwrap();
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn record(store: &Path, summary: &Value, stage: &str) -> Value {
-    let key = summary["keys"][stage].as_str().unwrap();
-    serde_json::from_slice(&std::fs::read(store.join("instances").join(key).join("run.json")).unwrap()).unwrap()
-}
-
-fn output(store: &Path, summary: &Value, stage: &str, name: &str) -> PathBuf {
-    let dir = store.join("instances").join(summary["keys"][stage].as_str().unwrap()).join("outputs");
-    let parquet = dir.join(format!("{name}.parquet"));
-    if parquet.exists() {
-        parquet
-    } else {
-        dir.join(name)
-    }
 }
 
 /// What the tests read back from a method's run.
@@ -166,19 +134,6 @@ fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
 }
 
 #[derive(serde::Deserialize)]
-struct Completion {
-    prompt_id: String,
-    sample_idx: i32,
-    exit: i32,
-    k: i32,
-    text: String,
-    tokens: i32,
-    correct: bool,
-    truncated: bool,
-    lost: bool,
-}
-
-#[derive(serde::Deserialize)]
 struct SdRow {
     k: i32,
     sd_bootstrap: f64,
@@ -186,7 +141,7 @@ struct SdRow {
     exit_points: i32,
 }
 
-fn completions(path: &Path) -> Vec<Completion> {
+fn completions(path: &Path) -> Vec<CompletionRow> {
     serde_arrow::from_record_batch(&read_batches(path).unwrap()).unwrap()
 }
 
@@ -219,7 +174,7 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
         assert_eq!(row.r[t_max], run.rollout(i).reward, "the value after the whole trace is its reward");
         let bounds = run.bounds(i, comp.len());
         for t in 0..t_max {
-            let mine: Vec<&Completion> =
+            let mine: Vec<&CompletionRow> =
                 comps.iter().filter(|c| c.prompt_id == row.prompt_id && c.sample_idx == row.sample_idx && c.exit == t as i32).collect();
             assert_eq!(mine.iter().map(|c| c.k).collect::<Vec<_>>(), (0..k as i32).collect::<Vec<_>>());
             // The verdicts re-derived from the prefix text and the stored continuation.

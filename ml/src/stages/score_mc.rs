@@ -24,7 +24,7 @@ use rredcot::artifact::{write_rows, Schema};
 use rredcot::credit::sigma::Normalize;
 use rredcot::engine::StageContext;
 use rredcot::math::{extract, verify_response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::sampling::{row_seed, sample_seeded, sampling_params};
 use super::traces::{write_scores, TraceInputs};
@@ -39,21 +39,21 @@ enum Lost {
 }
 
 /// One row of the `completions` output.
-#[derive(Serialize)]
-struct CompletionRow {
-    prompt_id: String,
-    sample_idx: i32,
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CompletionRow {
+    pub prompt_id: String,
+    pub sample_idx: i32,
     /// Exit point t: the completion continues x, u_1..u_t.
-    exit: i32,
-    k: i32,
+    pub exit: i32,
+    pub k: i32,
     /// The sampled continuation (the verified response is the prefix's text followed by it).
-    text: String,
-    tokens: i32,
-    correct: bool,
+    pub text: String,
+    pub tokens: i32,
+    pub correct: bool,
     /// Hit `max_new_tokens`.
-    truncated: bool,
+    pub truncated: bool,
     /// Truncated without an explicit final answer.
-    lost: bool,
+    pub lost: bool,
 }
 
 /// One row of the `mc_sd` output.
