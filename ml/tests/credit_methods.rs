@@ -195,6 +195,23 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
     assert_eq!(sd.iter().map(|r| r.k).collect::<Vec<_>>(), (1..=k as i32).collect::<Vec<_>>());
     assert!(sd.iter().all(|r| r.sd_binomial >= 0.0 && r.sd_bootstrap >= 0.0 && r.exit_points == exits as i32));
 
+    // Short completions with lost = drop: a value is the fraction correct among the completions
+    // that were not lost (0 when all were), and truncation loses some.
+    let dropped = run_ok(&store, &pipeline, &[EASY, &["--set", "score.max_new_tokens=6", "--set", "score.lost=drop"][..]].concat());
+    let dcomps = completions(&output(&store, &dropped, "score", "completions"));
+    assert!(dcomps.iter().any(|c| c.lost) && dcomps.iter().any(|c| !c.lost), "6 new tokens lose some completions, not all");
+    let dscores: Vec<ScoreRow> = read_rows(&output(&store, &dropped, "score", "scores"), Schema::Scores).unwrap();
+    for row in &dscores {
+        for t in 0..row.r.len() - 1 {
+            let kept: Vec<&CompletionRow> = dcomps
+                .iter()
+                .filter(|c| c.prompt_id == row.prompt_id && c.sample_idx == row.sample_idx && c.exit == t as i32 && !c.lost)
+                .collect();
+            let want = if kept.is_empty() { 0.0 } else { kept.iter().filter(|c| c.correct).count() as f64 / kept.len() as f64 };
+            assert_eq!(row.r[t], want, "lost = drop: exit {t}");
+        }
+    }
+
     // Temperature → 0: the k completions coincide and the value is greedy correctness, checked
     // against a greedy generation from the prefix done here (one row per batch, as here, so no
     // padding changes the arithmetic).
