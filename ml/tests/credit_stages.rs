@@ -11,28 +11,8 @@ use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use rredcot::artifact::{read_rows, Schema};
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-/// A tiny configuration of the incremental pipeline (seconds in a debug build).
-const TINY: &[&str] = &[
-    "taskgen.n_train=300",
-    "taskgen.n_eval=20",
-    "taskgen.max_steps=2",
-    "sft.steps=40",
-    "sft.batch_size=8",
-    "sft.layers=2",
-    "sft.hidden=64",
-    "sft.heads=2",
-    "sft.kv_heads=1",
-    "sft.intermediate=128",
-    "sft.eval_n=4",
-    "sft.eval_max_new_tokens=16",
-    "rollout.limit=3",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=48",
-];
+mod common;
+use common::{output, record, repo, TINY};
 
 fn run_pipeline(store: &Path, pipeline: &Path, sets: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
@@ -52,22 +32,6 @@ fn run_ok(store: &Path, sets: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn record(store: &Path, summary: &Value, stage: &str) -> Value {
-    let key = summary["keys"][stage].as_str().unwrap();
-    serde_json::from_slice(&std::fs::read(store.join("instances").join(key).join("run.json")).unwrap()).unwrap()
-}
-
-fn output(store: &Path, summary: &Value, stage: &str, name: &str) -> PathBuf {
-    let key = summary["keys"][stage].as_str().unwrap();
-    let dir = store.join("instances").join(key).join("outputs");
-    let parquet = dir.join(format!("{name}.parquet"));
-    if parquet.exists() {
-        parquet
-    } else {
-        dir.join(name)
-    }
 }
 
 fn names(v: &Value) -> Vec<String> {

@@ -137,9 +137,25 @@ impl DecoderLm {
         input_ids: &Tensor,
         positions: &Tensor,
         mask: &AttnMask,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.hidden_from_embeds(self.embed(input_ids), positions, mask, cache)
+    }
+
+    /// Input embeddings `[B, L, D]` of `input_ids: [B, L]`: what [`Self::hidden_from_embeds`]
+    /// takes (e.g. as a leaf with `requires_grad` for gradient attribution).
+    pub fn embed(&self, input_ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false)
+    }
+
+    /// [`Self::hidden`] from given input embeddings `x: [B, L, D]` instead of token ids.
+    pub fn hidden_from_embeds(
+        &self,
+        mut x: Tensor,
+        positions: &Tensor,
+        mask: &AttnMask,
         mut cache: Option<&mut KvCache>,
     ) -> Tensor {
-        let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let rope = self.rotary.tables(positions, x.kind());
         for (i, layer) in self.layers.iter().enumerate() {
             let c = cache.as_deref_mut().map(|c| &mut c.layers[i]);
@@ -158,7 +174,7 @@ impl DecoderLm {
         prefix_bias: &Tensor,
         own_bias: &Tensor,
     ) -> Tensor {
-        let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        let mut x = self.embed(input_ids);
         let rope = self.rotary.tables(positions, x.kind());
         for (layer, kv) in self.layers.iter().zip(&prefix.layers) {
             x = layer.forward_shared_prefix(&x, &rope, kv, prefix_bias, own_bias);

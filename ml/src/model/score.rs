@@ -295,6 +295,39 @@ pub fn score_cuts_naive(
     })
 }
 
+/// Gradient attribution: for `seq` (one sequence), the L1 norm over the hidden dimension of
+/// `d [Σ_{i ≥ target_start} log p(seq[i] | seq[..i])] / d e_j` for every position j, where e_j is
+/// the input embedding of `seq[j]` (one forward and one backward pass; weights get no gradient).
+pub fn embedding_grad_l1(model: &DecoderLm, seq: &[i64], target_start: usize) -> Result<Vec<f64>> {
+    if target_start == 0 || target_start >= seq.len() {
+        return Err(ModelError::Request(format!(
+            "target start {target_start} outside 1..{} (the sequence length)",
+            seq.len()
+        )));
+    }
+    model.check_ids(seq, 0, 0)?;
+    let dev = model.device();
+    let n = seq.len() as i64;
+    let ids = Tensor::from_slice(seq).view([1, n]).to_device(dev);
+    let pos = Tensor::arange(n, (Kind::Int64, dev)).view([1, n]);
+    let emb = tch::no_grad(|| model.embed(&ids)).detach().set_requires_grad(true);
+    let h = model.hidden_from_embeds(emb.shallow_clone(), &pos, &AttnMask::Causal, None);
+    let t0 = target_start as i64;
+    let logits = model.logits(&h.narrow(1, t0 - 1, n - t0));
+    non_finite_check(&logits, 0)?;
+    let tgt = ids.narrow(1, t0, n - t0);
+    let total = gather_logprobs(&logits, &tgt).sum(Kind::Float);
+    let grads = Tensor::run_backward(&[&total], &[&emb], false, false);
+    let l1 = grads[0]
+        .to_kind(Kind::Double)
+        .abs()
+        .sum_dim_intlist(-1, false, Kind::Double)
+        .view([-1]);
+    non_finite_check(&l1, 0)?;
+    Vec::<f64>::try_from(l1.to_device(Device::Cpu))
+        .map_err(|e| ModelError::Request(format!("reading gradients: {e}")))
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -418,6 +451,52 @@ pub(crate) mod tests {
                 one[0][0]
             );
         }
+    }
+
+    #[test]
+    fn embedding_gradient_matches_central_differences() {
+        let mut m = tiny_model(Arch::Qwen2, 5);
+        m.set_kind(Kind::Double);
+        let seq = rand_ids(12, 61, 9);
+        let start = 8;
+        let g = embedding_grad_l1(&m, &seq, start).unwrap();
+        assert_eq!(g.len(), seq.len());
+        let n = seq.len() as i64;
+        let ids = Tensor::from_slice(&seq).view([1, n]);
+        let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+        let tgt = Tensor::from_slice(&seq[start..]).view([1, -1]);
+        // The objective in float64, independent of gather_logprobs.
+        let objective = |e: &Tensor| -> f64 {
+            tch::no_grad(|| {
+                let h = m.hidden_from_embeds(e.shallow_clone(), &pos, &AttnMask::Causal, None);
+                let lp = m
+                    .logits(&h.narrow(1, start as i64 - 1, n - start as i64))
+                    .log_softmax(-1, Kind::Double);
+                lp.gather(-1, &tgt.unsqueeze(-1), false).sum(Kind::Double).double_value(&[])
+            })
+        };
+        let emb = tch::no_grad(|| m.embed(&ids));
+        // RmsNorm and attention softmax run in float32 even in a float64 model, so the step is
+        // large enough for f32 rounding of the objective not to dominate the differences.
+        let eps = 1e-2;
+        for j in [0i64, 3, 7, 10] {
+            let mut l1 = 0.0;
+            for d in 0..32 {
+                let bump = |sign: f64| {
+                    let e = emb.copy();
+                    let _ = e.get(0).get(j).get(d).g_add_scalar_(sign * eps);
+                    objective(&e)
+                };
+                l1 += ((bump(1.0) - bump(-1.0)) / (2.0 * eps)).abs();
+            }
+            let rel = (l1 - g[j as usize]).abs() / l1.max(1e-9);
+            assert!(rel < 2e-2, "position {j}: autograd {} vs differences {l1}", g[j as usize]);
+            assert!(l1 > 1e-3, "position {j}: the check is informative");
+        }
+        // The last token is only ever a target: nothing depends on its embedding.
+        assert!(g[seq.len() - 1] == 0.0, "{}", g[seq.len() - 1]);
+        assert!(embedding_grad_l1(&m, &seq, 0).is_err());
+        assert!(embedding_grad_l1(&m, &seq, seq.len()).is_err());
     }
 
     #[test]

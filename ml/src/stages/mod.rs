@@ -7,7 +7,11 @@ pub mod eval;
 pub mod judge_local;
 pub mod rollout;
 pub mod sampling;
+pub mod score_grad;
+pub mod score_loo;
+pub mod score_mc;
 pub mod score_sigma;
+pub mod traces;
 pub mod update;
 
 use anyhow::{Context, Result};
@@ -24,6 +28,9 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
         "rollout" => rollout::run,
         "eval" => eval::run,
         "score_sigma" => score_sigma::run,
+        "score_mc" => score_mc::run,
+        "score_loo" => score_loo::run,
+        "score_grad" => score_grad::run,
         "update" => update::run,
         "judge_local" => judge_local::run,
         _ => return light_builtin(name),

@@ -91,8 +91,9 @@ pub fn plan_jobs<'a>(
 }
 
 /// Samples every job in batches of `batch_size` rows (in job order, so the result does not
-/// depend on timing) and returns one generation per job. Counts `tokens_generated` and
-/// `rows_max_new_tokens_clamped`, sets the `decode_tok_s` metric and shows a progress bar.
+/// depend on timing) and returns one generation per job; row seeds from (`seed`, prompt id,
+/// sample index). See [`sample_seeded`].
+#[allow(clippy::too_many_arguments)]
 pub fn sample_jobs(
     ctx: &mut StageContext,
     model: &DecoderLm,
@@ -103,26 +104,45 @@ pub fn sample_jobs(
     sampling: &SamplingParams,
     label: &str,
 ) -> Result<Vec<Generation>> {
+    let rows: Vec<(&[i64], u64)> = jobs.iter().map(|j| (j.ids.as_slice(), row_seed(seed, &j.row.id, j.sample_idx))).collect();
+    sample_seeded(ctx, model, tok, &rows, batch_size, sampling, label, |i| format!("prompt {}", jobs[i].row.id))
+}
+
+/// Samples `rows` = (prompt ids, row seed) in batches of `batch_size` rows, in order, and returns
+/// one generation per row (`name(i)` names row i in errors). Counts `tokens_generated` and
+/// `rows_max_new_tokens_clamped`, sets the `decode_tok_s` metric and shows a progress bar.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_seeded(
+    ctx: &mut StageContext,
+    model: &DecoderLm,
+    tok: &Tokenizer,
+    rows: &[(&[i64], u64)],
+    batch_size: usize,
+    sampling: &SamplingParams,
+    label: &str,
+    name: impl Fn(usize) -> String,
+) -> Result<Vec<Generation>> {
     if batch_size == 0 {
         bail!("stage `{}`: batch_size must be positive", ctx.instance);
     }
     let context = model.cfg.max_position_embeddings as usize;
-    let mut out = Vec::with_capacity(jobs.len());
+    let mut out = Vec::with_capacity(rows.len());
     let (mut generated, mut clamped) = (0i64, 0i64);
     let t0 = Instant::now();
-    let mut progress = ctx.progress(jobs.len() as u64, label);
-    for chunk in jobs.chunks(batch_size) {
-        let longest = chunk.iter().map(|j| j.ids.len()).max().unwrap_or(0);
+    let mut progress = ctx.progress(rows.len() as u64, label);
+    for chunk in rows.chunks(batch_size) {
+        let longest = chunk.iter().map(|r| r.0.len()).max().unwrap_or(0);
         // Never sample past the context window: shorten this batch's budget and count it.
         let mut p = sampling.clone();
         if longest + p.max_new_tokens > context {
-            p.max_new_tokens = context - longest;
+            p.max_new_tokens = context.saturating_sub(longest);
             clamped += chunk.len() as i64;
         }
-        let prompts: Vec<Vec<i64>> = chunk.iter().map(|j| j.ids.clone()).collect();
-        let seeds: Vec<u64> = chunk.iter().map(|j| row_seed(seed, &j.row.id, j.sample_idx)).collect();
+        let prompts: Vec<Vec<i64>> = chunk.iter().map(|r| r.0.to_vec()).collect();
+        let seeds: Vec<u64> = chunk.iter().map(|r| r.1).collect();
+        let first = out.len();
         let gens = tch::no_grad(|| model::generate(model, Some(tok), &prompts, &seeds, &p))
-            .with_context(|| format!("sampling prompts {} .. {}", chunk[0].row.id, chunk[chunk.len() - 1].row.id))?;
+            .with_context(|| format!("sampling {} .. {}", name(first), name(first + chunk.len() - 1)))?;
         generated += gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
         out.extend(gens);
         let rate = generated as f64 / t0.elapsed().as_secs_f64().max(1e-9);

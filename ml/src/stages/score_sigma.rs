@@ -76,6 +76,9 @@ struct Scored {
     trace_truncated: bool,
     fell_back: bool,
     missing: bool,
+    /// Model cost: (sequences, token positions) run (kv_shared: the trace once, then every
+    /// (cut, target) row on its shared prefix; naive: one prefill per (cut, target)).
+    cost: (usize, usize),
 }
 
 /// A trace ready to score: its token ids, cut points and targets (y* and/or u*).
@@ -120,6 +123,7 @@ fn prepare(
         trace_truncated: false,
         fell_back: false,
         missing,
+        cost: (0, 0),
     };
     let answer = match s.answer_source {
         AnswerSource::Reference => prompt.answer.as_deref(),
@@ -211,6 +215,10 @@ fn finish(q: Request, values: &[Vec<f64>], s: &Settings) -> Scored {
         trace_truncated: q.trace_truncated,
         fell_back,
         missing: false,
+        cost: match s.scorer {
+            Scorer::KvShared => (1 + q.cuts.len() * q.targets.len(), q.trace.len() + q.cuts.len() * q.targets.iter().map(Vec::len).sum::<usize>()),
+            Scorer::Naive => (q.cuts.len() * q.targets.len(), q.cuts.iter().flat_map(|c| q.targets.iter().map(move |t| c + t.len())).sum()),
+        },
     }
 }
 
@@ -297,6 +305,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     // 3. σ per trace, in row order.
     let mut out = Vec::with_capacity(segments.len());
     let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64, 0i64);
+    let (mut sequences, mut positions) = (0usize, 0usize);
     let mut sigma_entropy = 0.0;
     for (i, (p, v)) in prepared.into_iter().zip(values).enumerate() {
         let scored = match (p, v) {
@@ -312,6 +321,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         trace_trunc += scored.trace_truncated as i64;
         fell_back += scored.fell_back as i64;
         missing += scored.missing as i64;
+        sequences += scored.cost.0;
+        positions += scored.cost.1;
         segs += scored.row.sigma.len() as i64;
         if s.normalize != Normalize::None {
             sigma_entropy += sigma::entropy(&scored.row.sigma);
@@ -327,6 +338,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("solution_targets_truncated", sol_trunc);
     ctx.count("traces_truncated", trace_trunc);
     ctx.count("tokens_generated", 0);
+    ctx.count("forward_sequences", sequences as i64);
+    ctx.count("forward_tokens", positions as i64);
     ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / n);
     if s.normalize != Normalize::None {
         ctx.metric("mean_sigma_entropy", sigma_entropy / n);

@@ -1,0 +1,51 @@
+//! `score_grad`: gradient attribution (paper §4, Fig. 4; appendix D.2). One forward and one
+//! backward pass per trace of log p(target | x, u_1..u_T) with respect to the input embeddings
+//! ([`crate::model::embedding_grad_l1`]); the value of segment t is the L1 norm of the gradient
+//! at each of its tokens, averaged over the segment.
+//!
+//! `target = "answer"`: y* (`answer_template` filled with the reference answer) after the whole
+//! trace; `target = "rest"` (the paper's "logprobs of the selected completion tokens"): the
+//! completion's own tokens followed by y*. Output: `R` = the per-segment mean L1 norms and `v` =
+//! zeros (T values each), σ = `normalize`(R), `method = "grad"`. A segment that is only the
+//! trailing stop token (not part of the scored trace) gets 0.
+
+use anyhow::Result;
+use rredcot::engine::StageContext;
+
+use super::score_loo::Target;
+use super::traces::{answer_ids, score_attribution, Attribution, Trace};
+use super::{load_policy, set_threads};
+use crate::model::{embedding_grad_l1, DecoderLm, Tokenizer};
+
+/// Mean gradient L1 norm per segment.
+fn segment_norms(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target: Target) -> Result<Attribution> {
+    let tt = trace.tokens(tok)?;
+    let y = answer_ids(tok, template, trace.answer()?)?;
+    let p = tt.prompt.len();
+    let seq: Vec<i64> = tt.prefix(tt.completion.len()).into_iter().chain(y).collect();
+    let start = match target {
+        Target::Answer => p + tt.completion.len(),
+        Target::Rest => p,
+    };
+    let g = embedding_grad_l1(model, &seq, start)?;
+    let values = tt
+        .bounds
+        .iter()
+        .map(|&(s, e)| if e > s { g[p + s..p + e].iter().sum::<f64>() / (e - s) as f64 } else { 0.0 })
+        .collect();
+    Ok(Attribution { values, sequences: 1, positions: seq.len() })
+}
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    set_threads(ctx)?;
+    let target: Target = ctx.param("target")?;
+    let template: String = ctx.param("answer_template")?;
+    let (model, tok) = load_policy(ctx, "policy")?;
+    let mut backward = 0i64;
+    score_attribution(ctx, "grad", |trace| {
+        backward += 1;
+        segment_norms(&model, &tok, trace, &template, target)
+    })?;
+    ctx.count("backward_passes", backward);
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! `score_loo`: leave-one-out attribution (paper §4, Fig. 4; appendix D.2). For a trace
+//! x, u_1..u_T the value of segment t is its pointwise mutual information with the target:
+//!
+//!   PMI_t = log p(target_t | x, u_1..u_T) − log p(target_t | x, trace without u_t)
+//!
+//! with `target = "answer"`: target_t = y* after the whole trace (y* = `answer_template` filled
+//! with the reference answer), or `target = "rest"` (the paper's choice): target_t = the
+//! subsequent segments u_{t+1}..u_T followed by y*, so PMI_t = log p(u_{>t}, y* | x, u_{≤t}) −
+//! log p(u_{>t}, y* | x, u_{<t}).
+//!
+//! All "with" terms come from one teacher-forced pass over x, u, y* (suffix sums of its per-token
+//! log-probabilities); the T "without" sequences are one batched [`crate::model::logprob`] call per
+//! trace. Output: `R` = PMI_t and `v` = zeros (T values each), σ = `normalize`(PMI), `method = "loo"`.
+
+use anyhow::Result;
+use rredcot::engine::StageContext;
+
+use super::traces::{answer_ids, score_attribution, Attribution, Trace};
+use super::{load_policy, set_threads};
+use crate::model::{logprob, DecoderLm, Tokenizer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    Answer,
+    Rest,
+}
+
+/// PMI_t for t = 1..T.
+fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target: Target, batch: usize) -> Result<Attribution> {
+    let tt = trace.tokens(tok)?;
+    let y = answer_ids(tok, template, trace.answer()?)?;
+    let n = tt.completion.len();
+    // One pass over x, u, y*: per-token log p of every completion and answer token.
+    let mut pairs = vec![(tt.prompt.clone(), tt.completion.iter().chain(&y).copied().collect::<Vec<i64>>())];
+    for &(s, e) in &tt.bounds {
+        pairs.push(match target {
+            Target::Answer => (tt.prefix(s).into_iter().chain(tt.completion[e..].iter().copied()).collect(), y.clone()),
+            Target::Rest => (tt.prefix(s), tt.completion[e..].iter().chain(&y).copied().collect()),
+        });
+    }
+    let lps = logprob(model, &pairs, batch)?;
+    let sum = |lp: &[f32]| lp.iter().map(|&x| x as f64).sum::<f64>();
+    let values = tt
+        .bounds
+        .iter()
+        .zip(&lps[1..])
+        .map(|(&(_, e), without)| sum(&lps[0][if target == Target::Answer { n } else { e }..]) - sum(without))
+        .collect();
+    Ok(Attribution { values, sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
+}
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    set_threads(ctx)?;
+    let target: Target = ctx.param("target")?;
+    let template: String = ctx.param("answer_template")?;
+    let batch: usize = ctx.param("batch_size")?;
+    let (model, tok) = load_policy(ctx, "policy")?;
+    score_attribution(ctx, "loo", |trace| pmi(&model, &tok, trace, &template, target, batch))
+}

@@ -1,0 +1,183 @@
+//! What the per-trace credit scorers other than σ (`score_mc`, `score_loo`, `score_grad`) share:
+//! the wiring of `score_sigma` (prompts, rollouts, segments joined by (prompt id, sample)), a
+//! trace's token ids as the policy sees them, the y* target, and the `scores` row with σ
+//! normalized exactly as `score_sigma` does ([`rredcot::credit::sigma::normalize`]).
+//!
+//! Must not know any one method: each scorer computes its per-segment values and σ^unnorm.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
+use rredcot::artifact::{read_rows, write_rows, Schema};
+use rredcot::credit::segmentation::checked_ends;
+use rredcot::credit::sigma::{self, Normalize};
+use rredcot::engine::StageContext;
+
+use super::encode_prompt;
+use crate::model::Tokenizer;
+
+/// The `prompts`, `rollouts` and `segments` inputs of a scorer.
+pub struct TraceInputs {
+    prompts: Vec<PromptRow>,
+    rollouts: Vec<RolloutRow>,
+    segments: Vec<SegmentRow>,
+    rollouts_path: PathBuf,
+    segments_path: PathBuf,
+}
+
+/// One segmented rollout with its prompt; `at` names it in errors.
+pub struct Trace<'a> {
+    pub prompt: &'a PromptRow,
+    pub rollout: &'a RolloutRow,
+    pub seg: &'a SegmentRow,
+    pub at: String,
+}
+
+/// A trace in token ids: the chat-templated prompt, the completion without a trailing stop token
+/// (as `score_sigma` scores it), and each segment's `[start, end)` in the completion, clamped to
+/// it (a segment holding only the stop token is empty here).
+pub struct TraceTokens {
+    pub prompt: Vec<i64>,
+    pub completion: Vec<i64>,
+    pub bounds: Vec<(usize, usize)>,
+}
+
+impl TraceTokens {
+    /// The prompt followed by the completion's first `upto` tokens.
+    pub fn prefix(&self, upto: usize) -> Vec<i64> {
+        self.prompt.iter().chain(&self.completion[..upto]).copied().collect()
+    }
+}
+
+impl TraceInputs {
+    pub fn read(ctx: &StageContext) -> Result<TraceInputs> {
+        let rollouts_path = ctx.input("rollouts")?.to_path_buf();
+        let segments_path = ctx.input("segments")?.to_path_buf();
+        Ok(TraceInputs {
+            prompts: read_rows(ctx.input("prompts")?, Schema::Prompts)?,
+            rollouts: read_rows(&rollouts_path, Schema::Rollouts)?,
+            segments: read_rows(&segments_path, Schema::Segments)?,
+            rollouts_path,
+            segments_path,
+        })
+    }
+
+    /// Every segments row with its rollout and prompt, in the segments' order.
+    pub fn traces(&self) -> Result<Vec<Trace<'_>>> {
+        let by_id: HashMap<&str, &PromptRow> = self.prompts.iter().map(|p| (p.id.as_str(), p)).collect();
+        let by_key: HashMap<(&str, i32), &RolloutRow> =
+            self.rollouts.iter().map(|r| ((r.prompt_id.as_str(), r.sample_idx), r)).collect();
+        self.segments
+            .iter()
+            .enumerate()
+            .map(|(i, seg)| {
+                let at = format!("{} row {i} (prompt {}, sample {})", self.segments_path.display(), seg.prompt_id, seg.sample_idx);
+                let rollout = by_key
+                    .get(&(seg.prompt_id.as_str(), seg.sample_idx))
+                    .with_context(|| format!("{at}: no such rollout in {}", self.rollouts_path.display()))?;
+                let prompt = by_id.get(seg.prompt_id.as_str()).with_context(|| format!("{at}: prompt not in the wired prompts"))?;
+                Ok(Trace { prompt, rollout, seg, at })
+            })
+            .collect()
+    }
+}
+
+impl Trace<'_> {
+    pub fn tokens(&self, tok: &Tokenizer) -> Result<TraceTokens> {
+        let n = self.rollout.completion_ids.len();
+        let ends = checked_ends(&self.seg.seg_starts, &self.seg.seg_ends, n).map_err(anyhow::Error::msg).with_context(|| self.at.clone())?;
+        let mut completion: Vec<i64> = self.rollout.completion_ids.iter().map(|&t| t as i64).collect();
+        if completion.last().is_some_and(|t| tok.eos_ids.contains(t)) {
+            completion.pop();
+        }
+        let m = completion.len();
+        let bounds = ends.iter().scan(0, |start, &e| {
+            let b = ((*start).min(m), e.min(m));
+            *start = e;
+            Some(b)
+        });
+        Ok(TraceTokens { prompt: encode_prompt(tok, self.prompt).with_context(|| self.at.clone())?, completion, bounds: bounds.collect() })
+    }
+
+    /// The prompt's reference answer (y*), or an error naming the row.
+    pub fn answer(&self) -> Result<&str> {
+        match self.prompt.answer.as_deref().map(str::trim).filter(|a| !a.is_empty()) {
+            Some(a) => Ok(a),
+            None => bail!("{}: the prompt has no reference answer to score against", self.at),
+        }
+    }
+
+    /// The `scores` row: per-segment values `r`, `v`, and σ = `unnorm` normalized as
+    /// `score_sigma` does; also whether the uniform fallback was used.
+    pub fn score_row(&self, r: Vec<f64>, v: Vec<f64>, unnorm: &[f64], how: Normalize, method: &str) -> Result<(ScoreRow, bool)> {
+        let (sigma, fell_back) = sigma::normalize(unnorm, how);
+        if let Some(bad) = sigma.iter().find(|x| !x.is_finite()) {
+            bail!("{}: σ is {bad} (a non-finite value)", self.at);
+        }
+        let row = ScoreRow { prompt_id: self.seg.prompt_id.clone(), sample_idx: self.seg.sample_idx, r, v, sigma, method: method.into() };
+        Ok((row, fell_back))
+    }
+}
+
+/// y* as the scorers ask for it after a prefix: `template` with `{answer}` filled.
+pub fn answer_ids(tok: &Tokenizer, template: &str, answer: &str) -> Result<Vec<i64>> {
+    if !template.contains("{answer}") {
+        bail!("answer_template must contain {{answer}}");
+    }
+    Ok(tok.encode(&template.replace("{answer}", answer))?)
+}
+
+/// Writes the `scores` output with the counters every scorer reports (`traces_scored`,
+/// `segments_scored`, `sigma_uniform_fallback`) and the `mean_sigma_entropy` metric.
+pub fn write_scores(ctx: &mut StageContext, rows: &[ScoreRow], fell_back: i64, how: Normalize) -> Result<()> {
+    ctx.count("traces_scored", rows.len() as i64);
+    ctx.count("segments_scored", rows.iter().map(|r| r.sigma.len() as i64).sum());
+    ctx.count("sigma_uniform_fallback", fell_back);
+    if how != Normalize::None && !rows.is_empty() {
+        ctx.metric("mean_sigma_entropy", rows.iter().map(|r| sigma::entropy(&r.sigma)).sum::<f64>() / rows.len() as f64);
+    }
+    write_rows(ctx.output("scores")?, Schema::Scores, rows)?;
+    Ok(())
+}
+
+/// Per-segment values of an attribution method for one trace, with what it cost.
+pub struct Attribution {
+    pub values: Vec<f64>,
+    /// Sequences run through the model (teacher-forced passes).
+    pub sequences: usize,
+    /// Token positions in those sequences.
+    pub positions: usize,
+}
+
+/// The loop of a prefill-only attribution scorer: `value` for every trace, `R` = the values, `v` =
+/// zeros of the same length, σ = the `normalize` param applied to the values; counters
+/// `forward_sequences`, `forward_tokens` (and `tokens_generated` = 0), metric
+/// `scoring_s_per_trace`.
+pub fn score_attribution(ctx: &mut StageContext, method: &str, mut value: impl FnMut(&Trace) -> Result<Attribution>) -> Result<()> {
+    let normalize: Normalize = ctx.param("normalize")?;
+    let inputs = TraceInputs::read(ctx)?;
+    let traces = inputs.traces()?;
+    let (mut rows, mut fell_back, mut sequences, mut positions) = (Vec::with_capacity(traces.len()), 0i64, 0usize, 0usize);
+    let t0 = Instant::now();
+    let mut progress = ctx.progress(traces.len() as u64, method);
+    for (i, trace) in traces.iter().enumerate() {
+        let a = value(trace).with_context(|| trace.at.clone())?;
+        sequences += a.sequences;
+        positions += a.positions;
+        let zeros = vec![0.0; a.values.len()];
+        let (row, fb) = trace.score_row(a.values.clone(), zeros, &a.values, normalize, method)?;
+        fell_back += fb as i64;
+        rows.push(row);
+        let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+        progress.set(i as u64 + 1, &format!("{method} {rate:.1} traces/s"));
+    }
+    progress.finish();
+    ctx.count("tokens_generated", 0);
+    ctx.count("forward_sequences", sequences as i64);
+    ctx.count("forward_tokens", positions as i64);
+    ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / rows.len().max(1) as f64);
+    write_scores(ctx, &rows, fell_back, normalize)
+}

@@ -1,0 +1,48 @@
+//! Helpers shared by the credit-chain integration tests (`credit_stages.rs`, `credit_methods.rs`):
+//! the tiny configuration of `pipelines/incremental-rescore.toml` and reading a run's records and
+//! artifacts back from the store.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A tiny configuration of the incremental pipeline (seconds in a debug build).
+pub const TINY: &[&str] = &[
+    "taskgen.n_train=300",
+    "taskgen.n_eval=20",
+    "taskgen.max_steps=2",
+    "sft.steps=40",
+    "sft.batch_size=8",
+    "sft.layers=2",
+    "sft.hidden=64",
+    "sft.heads=2",
+    "sft.kv_heads=1",
+    "sft.intermediate=128",
+    "sft.eval_n=4",
+    "sft.eval_max_new_tokens=16",
+    "rollout.limit=3",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=48",
+];
+
+/// The run record of `stage` in a `pipeline run --json` summary.
+pub fn record(store: &Path, summary: &Value, stage: &str) -> Value {
+    let key = summary["keys"][stage].as_str().unwrap();
+    serde_json::from_slice(&std::fs::read(store.join("instances").join(key).join("run.json")).unwrap()).unwrap()
+}
+
+/// Output `name` of `stage`: its Parquet file, or its directory.
+pub fn output(store: &Path, summary: &Value, stage: &str, name: &str) -> PathBuf {
+    let key = summary["keys"][stage].as_str().unwrap();
+    let dir = store.join("instances").join(key).join("outputs");
+    let parquet = dir.join(format!("{name}.parquet"));
+    if parquet.exists() {
+        parquet
+    } else {
+        dir.join(name)
+    }
+}
