@@ -212,3 +212,29 @@ fn set_rewires_an_input_to_another_output_or_a_file() {
     let out = p.run(&["pipeline", "run", pl.to_str().unwrap(), "--set", "count.inputs.src=file:missing.txt"]);
     assert!(common::text(&out.stderr).contains("does not exist"));
 }
+
+#[test]
+fn set_uses_swaps_a_stage_kind_and_drops_params_it_lacks_with_a_warning() {
+    let p = Project::new();
+    let pl = p.pipeline("swap", DEMO);
+    let s = p.run_ok(&pl, &[]);
+    let value = |s: &serde_json::Value, stage: &str| {
+        let key = s["keys"][stage].as_str().unwrap();
+        let path = p.store().join("instances").join(key).join("outputs/table.parquet");
+        std::fs::read(path).unwrap()
+    };
+    let scaled = value(&s, "double");
+    // `double` (demo_scale, factor 2) becomes demo_sum (same input and output): `factor` is dropped.
+    let out = p.run(&["pipeline", "run", pl.to_str().unwrap(), "--json", "--set", "double.uses=demo_sum"]);
+    let err = common::text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("param `factor`") && err.contains("`demo_sum`") && err.contains("dropped"), "{err}");
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(names_of(&s, "ran").contains(&"double".to_string()), "{s}");
+    assert_ne!(value(&s, "double"), scaled);
+    // A kind without the stage's inputs is a wiring error; an unknown stage a --set error.
+    let out = p.run(&["pipeline", "run", pl.to_str().unwrap(), "--set", "double.uses=demo_numbers"]);
+    assert!(common::text(&out.stderr).contains("has no input `table`"), "{}", common::text(&out.stderr));
+    let out = p.run(&["pipeline", "run", pl.to_str().unwrap(), "--set", "nope.uses=demo_sum"]);
+    assert!(common::text(&out.stderr).contains("no stage `nope`"));
+}

@@ -106,6 +106,10 @@ pub struct StageUse {
     pub inputs: BTreeMap<String, String>,
     #[serde(default)]
     pub params: toml::Table,
+    /// Set when `--set NAME.uses=KIND` swapped the kind: the file's params the new kind lacks are
+    /// dropped (with a warning) instead of being errors.
+    #[serde(skip)]
+    pub kind_swapped: bool,
 }
 
 /// A chain of stages unrolled `repeat` times into instances `chain.stage[0..repeat]`.

@@ -314,6 +314,27 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         }
     }
 
+    // `--set STAGE.uses=KIND` swaps a stage's kind (e.g. σ scoring for MC values, same outputs).
+    let mut stages: Vec<StageUse> = pf.stage.clone();
+    for s in sets.iter().filter(|s| s.param == "uses") {
+        let kind = s.value.as_str().unwrap_or(&s.text).to_string();
+        let mut hit = 0;
+        let targets = stages.iter_mut().filter(|su| su.name == s.target).chain(
+            chains.iter_mut().flat_map(|c| {
+                let chain = c.name.clone();
+                c.stage.iter_mut().filter(move |su| s.target == su.name || s.target == format!("{chain}.{}", su.name))
+            }),
+        );
+        for su in targets {
+            su.uses = Some(kind.clone());
+            su.kind_swapped = true;
+            hit += 1;
+        }
+        if hit == 0 {
+            return Err(EngineError::SetArg { arg: s.raw.clone(), message: format!("no stage `{}` in {}", s.target, file.display()) });
+        }
+    }
+
     let mut pending: Vec<Pending> = Vec::new();
     let mut seen_names: HashMap<String, ()> = HashMap::new();
     let mut check_unique = |n: &str| -> Result<()> {
@@ -335,6 +356,10 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         let defaults_toml = kind_defaults_toml(&kind);
         for (k, v) in &su.params {
             let Some(d) = defaults_toml.get(k) else {
+                if su.kind_swapped {
+                    tracing::warn!("stage `{name}`: param `{k}` of the pipeline file is not a param of the swapped-in kind `{}`; dropped", kind.name);
+                    continue;
+                }
                 return Err(EngineError::Param {
                     path: file.to_path_buf(),
                     stage: name.clone(),
@@ -351,7 +376,7 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         Ok(Node { name, base, stage: su.name.clone(), step, kind, params, param_sources: sources, inputs: BTreeMap::new() })
     };
 
-    for su in &pf.stage {
+    for su in &stages {
         check_unique(&su.name)?;
         let node = make_node(su, su.name.clone(), su.name.clone(), None, &mut loader)?;
         pending.push(Pending { node, raw_inputs: su.inputs.clone(), scope: None, carry: BTreeMap::new() });
@@ -495,7 +520,7 @@ fn interpolate_step(v: &toml::Value, at: Option<(usize, usize)>) -> toml::Value 
 
 fn apply_sets(file: &Path, sets: &[SetArg], chains: &[ChainDef], pending: &mut [Pending]) -> Result<()> {
     for s in sets {
-        if s.param == "repeat" && chains.iter().any(|c| c.name == s.target) {
+        if (s.param == "repeat" && chains.iter().any(|c| c.name == s.target)) || s.param == "uses" {
             continue;
         }
         let mut matched = 0;
