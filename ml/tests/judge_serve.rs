@@ -55,7 +55,7 @@ params = { steps = 40, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_he
 [[stage]]
 name = "judge"
 inputs = { eval = "file:eval.parquet" }
-params = { samples = 2, temperature = 0.0, max_tokens = 12, api_key_env = "", retries = 2, timeout_s = 600.0 }
+params = { samples = 2, temperature = 0.0, max_tokens = 12, api_key_env = "", retries = 2, timeout_s = 30.0 }
 
 [[stage]]
 name = "judge_local"
@@ -205,9 +205,11 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     let votes = (rows.len() * 2 * 2) as i64;
     let rec = record(&store, &s, "judge");
     let c = |rec: &Value, k: &str| rec["counters"][k].as_i64().unwrap_or(-1);
-    // A debug-build server on a loaded 2-core machine may time a request out: each retry is one
-    // more call, and every vote still gets exactly one reply.
+    // Every vote gets exactly one reply. Known defect: now and then one request never reaches the
+    // server's `recv` (seen 2 in ~6 runs); the client's timeout + retry covers it, so each retry
+    // is one more call.
     assert_eq!((c(&rec, "votes"), c(&rec, "http_calls") - c(&rec, "retries"), c(&rec, "cache_hits")), (votes, votes, 0), "{rec}");
+    assert!(c(&rec, "retries") <= 2, "{rec}");
     assert!(c(&rec, "completion_tokens") > 0);
     assert!(rec["metrics"]["agreement_with_verifier"].is_number(), "{rec}");
     let judged: Vec<EvalRow> = read_rows(&instance(&store, &s, "judge").join("outputs/eval.parquet"), Schema::Eval).unwrap();
