@@ -16,7 +16,7 @@ use rredcot_ml::stages::score_mc::CompletionRow;
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, TINY};
+use common::{output, record, repo, TINY_ROLLOUT, TINY_WORLD};
 
 /// Fewer segments than the incremental pipeline's 40: MC samples k completions per exit point.
 const FEW_SEGMENTS: &str = "segment.max_segments=4";
@@ -43,7 +43,7 @@ fn method_pipeline(dir: &Path, kind: &str, params: &str) -> PathBuf {
 fn run_ok(store: &Path, pipeline: &Path, extra: &[&str]) -> Value {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
     c.arg("--store").arg(store).args(["pipeline", "run"]).arg(pipeline).arg("--json");
-    for s in TINY.iter().chain([&FEW_SEGMENTS]) {
+    for s in TINY_WORLD.iter().chain(TINY_ROLLOUT).chain([&FEW_SEGMENTS]) {
         c.args(["--set", s]);
     }
     let out: Output = c.args(extra).output().unwrap();

@@ -12,12 +12,12 @@ use rredcot::artifact::{read_rows, Schema};
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, TINY};
+use common::{output, record, repo, TINY_ROLLOUT, TINY_WORLD};
 
 fn run_pipeline(store: &Path, pipeline: &Path, sets: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
     c.arg("--store").arg(store).args(["pipeline", "run"]).arg(pipeline).arg("--json");
-    for s in TINY.iter().chain(sets) {
+    for s in TINY_WORLD.iter().chain(TINY_ROLLOUT).chain(sets) {
         c.args(["--set", s]);
     }
     c.output().unwrap()

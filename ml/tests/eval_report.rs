@@ -11,24 +11,16 @@ use rredcot::artifact::rows::{EvalRow, PromptRow};
 use rredcot::artifact::{read_rows, Schema};
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+// Each test binary uses part of the shared helpers.
+#[allow(dead_code)]
+mod common;
 
-/// The quickstart at toy scale: 2 training steps per method, 6 eval problems x 2 samples.
-const TINY: &[&str] = &[
-    "taskgen.n_train=300",
-    "taskgen.n_eval=20",
-    "taskgen.max_steps=2",
-    "sft.steps=40",
-    "sft.batch_size=8",
-    "sft.layers=2",
-    "sft.hidden=64",
-    "sft.heads=2",
-    "sft.kv_heads=1",
-    "sft.intermediate=128",
-    "sft.eval_n=4",
-    "sft.eval_max_new_tokens=16",
+use common::repo;
+
+
+/// The quickstart at toy scale (with `common::TINY_WORLD`): 2 training steps per method, 6 eval
+/// problems x 2 samples.
+const TINY_QUICKSTART: &[&str] = &[
     "grpo.repeat=2",
     "rredcot.repeat=2",
     "rollout.limit=4",
@@ -50,6 +42,10 @@ const TINY: &[&str] = &[
     "eval_gsm8k_rredcot.max_new_tokens=16",
 ];
 
+/// Every `--set` of the tiny quickstart.
+fn tiny() -> impl Iterator<Item = &'static &'static str> {
+    common::TINY_WORLD.iter().chain(TINY_QUICKSTART)
+}
 fn rredcot(store: &Path, args: &[&str]) -> std::process::Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
     c.arg("--store").arg(store).args(args).current_dir(repo());
@@ -60,7 +56,7 @@ fn rredcot(store: &Path, args: &[&str]) -> std::process::Output {
 fn run_ok(store: &Path, extra: &[&str]) -> Value {
     let pipeline = repo().join("pipelines/quickstart.toml");
     let mut args = vec!["pipeline", "run", pipeline.to_str().unwrap(), "--json"];
-    for s in TINY {
+    for s in tiny() {
         args.extend(["--set", s]);
     }
     args.extend(extra);
@@ -213,7 +209,7 @@ fn quickstart_evaluates_reports_and_exports() {
     let export = dir.path().join("exported");
     let pipeline = repo().join("pipelines/quickstart.toml");
     let mut args = vec!["report", pipeline.to_str().unwrap(), "--out", export.to_str().unwrap()];
-    for t in TINY {
+    for t in tiny() {
         args.extend(["--set", t]);
     }
     let out = rredcot(&store, &args);

@@ -8,14 +8,10 @@ use rredcot::artifact::rows::{EvalRow, PromptRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::StageContext;
 use rredcot::evaluation::{summarize, Grader};
+use rredcot::stages::prompt_text::prompt_text;
 
 use super::sampling::{plan_jobs, sample_jobs, sampling_params, window, OnBadPrompt};
 use super::{load_policy, set_threads};
-
-/// The problem text a judge sees: the last user turn of a chat prompt, else the prompt.
-fn question_text(prompt: &str) -> String {
-    super::prompt_messages(prompt).iter().rev().find(|m| m.role == "user").map(|m| m.content.clone()).unwrap_or_else(|| prompt.to_string())
-}
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     set_threads(ctx)?;
@@ -51,7 +47,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                 prompt_id: job.row.id.clone(),
                 benchmark: bench.clone(),
                 sample_idx: job.sample_idx as i32,
-                question: question_text(&job.row.prompt),
+                question: prompt_text(&job.row.prompt),
                 reference: job.row.answer.clone(),
                 text,
                 answer: verdict.extracted,

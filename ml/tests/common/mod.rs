@@ -1,4 +1,4 @@
-//! Helpers shared by the credit-chain integration tests (`credit_stages.rs`, `credit_methods.rs`):
+//! Helpers shared by the ML integration tests (`credit_stages.rs`, `credit_methods.rs`, `eval_report.rs`):
 //! the tiny configuration of `pipelines/incremental-rescore.toml` and reading a run's records and
 //! artifacts back from the store.
 
@@ -10,8 +10,8 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// A tiny configuration of the incremental pipeline (seconds in a debug build).
-pub const TINY: &[&str] = &[
+/// The default world at toy scale: task generator and bootstrap SFT (seconds in a debug build).
+pub const TINY_WORLD: &[&str] = &[
     "taskgen.n_train=300",
     "taskgen.n_eval=20",
     "taskgen.max_steps=2",
@@ -24,10 +24,10 @@ pub const TINY: &[&str] = &[
     "sft.intermediate=128",
     "sft.eval_n=4",
     "sft.eval_max_new_tokens=16",
-    "rollout.limit=3",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=48",
 ];
+
+/// With `TINY_WORLD`, a tiny configuration of the incremental pipeline: a small rollout.
+pub const TINY_ROLLOUT: &[&str] = &["rollout.limit=3", "rollout.group_size=2", "rollout.max_new_tokens=48"];
 
 /// The run record of `stage` in a `pipeline run --json` summary.
 pub fn record(store: &Path, summary: &Value, stage: &str) -> Value {
