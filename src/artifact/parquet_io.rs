@@ -151,6 +151,16 @@ pub fn write_rows<T: Serialize>(path: &Path, schema: Schema, rows: &[T]) -> Resu
     write_batch(path, &batch)
 }
 
+/// A free-form `table` whose columns come from the row type, not from sample rows, so an empty
+/// table still has them (e.g. "no resets this step").
+pub fn write_table<T: Serialize + DeserializeOwned>(path: &Path, rows: &[T]) -> Result<(), ArtifactError> {
+    use serde_arrow::schema::{SchemaLike, TracingOptions};
+    let err = |e: serde_arrow::Error| ArtifactError::Rows { path: path.to_path_buf(), schema: Schema::Table, message: e.to_string() };
+    let fields = Vec::<FieldRef>::from_type::<T>(TracingOptions::default()).map_err(err)?;
+    let batch = serde_arrow::to_record_batch(&fields, &rows).map_err(err)?;
+    write_batch(path, &batch)
+}
+
 /// Read typed rows of `schema` from a Parquet artifact (extra columns are ignored).
 pub fn read_rows<T: DeserializeOwned>(path: &Path, schema: Schema) -> Result<Vec<T>, ArtifactError> {
     let batch = validate_file(path, schema)?;

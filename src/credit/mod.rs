@@ -2,6 +2,7 @@
 //! become the redistribution σ. The model-side parts (rollouts, scoring with the policy) are the
 //! `rollout` and `score_sigma` stages in `rredcot-ml`.
 
+pub mod progress;
 pub mod segmentation;
 pub mod sigma;
 pub mod weights;

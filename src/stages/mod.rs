@@ -31,6 +31,8 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "score_mc", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_loo", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_grad", version: "1", needs_ml: true },
+    BuiltinInfo { name: "score_progress", version: "1", needs_ml: true },
+    BuiltinInfo { name: "reset", version: "1", needs_ml: true },
     BuiltinInfo { name: "update", version: "1", needs_ml: true },
     BuiltinInfo { name: "eval", version: "1", needs_ml: true },
     BuiltinInfo { name: "report", version: "1", needs_ml: false },

@@ -5,11 +5,13 @@
 pub mod bootstrap_sft;
 pub mod eval;
 pub mod judge_local;
+pub mod reset;
 pub mod rollout;
 pub mod sampling;
 pub mod score_grad;
 pub mod score_loo;
 pub mod score_mc;
+pub mod score_progress;
 pub mod score_sigma;
 pub mod traces;
 pub mod update;
@@ -31,6 +33,8 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
         "score_mc" => score_mc::run,
         "score_loo" => score_loo::run,
         "score_grad" => score_grad::run,
+        "score_progress" => score_progress::run,
+        "reset" => reset::run,
         "update" => update::run,
         "judge_local" => judge_local::run,
         _ => return light_builtin(name),
@@ -78,10 +82,30 @@ fn prompt_messages(prompt: &str) -> Vec<ChatMessage> {
     vec![ChatMessage::new("user", prompt)]
 }
 
-/// Prompt token ids as the policy sees them (chat template + assistant header). Rollout and
-/// scoring must agree on this, so both call it.
+/// The `meta` key of a reset prompt (stage `reset`) holding the trace prefix it continues.
+pub const RESET_PREFIX_KEY: &str = "reset_prefix_ids";
+
+/// Prompt token ids as the policy sees them (chat template + assistant header, then a reset
+/// prompt's trace prefix). Rollout, scoring and update must agree on this, so all call it.
 pub fn encode_prompt(tok: &Tokenizer, row: &PromptRow) -> Result<Vec<i64>> {
-    Ok(tok.encode_chat(&prompt_messages(&row.prompt), true)?)
+    let mut ids = tok.encode_chat(&prompt_messages(&row.prompt), true)?;
+    ids.extend(reset_prefix(row)?);
+    Ok(ids)
+}
+
+/// The reset prefix in a prompt's `meta` (empty for an ordinary prompt, or a meta that is not a
+/// JSON object: meta is free-form elsewhere).
+fn reset_prefix(row: &PromptRow) -> Result<Vec<i64>> {
+    if !row.meta.contains(RESET_PREFIX_KEY) {
+        return Ok(Vec::new());
+    }
+    let Ok(serde_json::Value::Object(meta)) = serde_json::from_str::<serde_json::Value>(&row.meta) else {
+        return Ok(Vec::new());
+    };
+    match meta.get(RESET_PREFIX_KEY) {
+        None => Ok(Vec::new()),
+        Some(v) => serde_json::from_value(v.clone()).with_context(|| format!("prompt {}: meta `{RESET_PREFIX_KEY}` is not a list of token ids", row.id)),
+    }
 }
 
 #[cfg(test)]
@@ -93,5 +117,15 @@ mod tests {
         assert_eq!((m[0].role.as_str(), m[1].content.as_str()), ("system", "2+2?"));
         let m = super::prompt_messages("What is 2+2?");
         assert_eq!((m.len(), m[0].role.as_str()), (1, "user"));
+    }
+
+    #[test]
+    fn a_reset_prompt_carries_its_prefix_and_other_metas_none() {
+        let row = |meta: &str| rredcot::artifact::rows::PromptRow { id: "p#0@2".into(), prompt: "q".into(), answer: None, solution: None, source: "s".into(), meta: meta.into() };
+        assert_eq!(super::reset_prefix(&row(r#"{"reset_prefix_ids": [5, 6, 7], "split": "eval"}"#)).unwrap(), vec![5, 6, 7]);
+        assert!(super::reset_prefix(&row(r#"{"split": "eval"}"#)).unwrap().is_empty());
+        assert!(super::reset_prefix(&row("not json reset_prefix_ids")).unwrap().is_empty());
+        let err = super::reset_prefix(&row(r#"{"reset_prefix_ids": "abc"}"#)).unwrap_err().to_string();
+        assert!(err.contains("p#0@2") && err.contains("reset_prefix_ids"), "{err}");
     }
 }

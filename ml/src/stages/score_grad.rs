@@ -33,7 +33,7 @@ fn segment_norms(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &s
         .iter()
         .map(|&(s, e)| if e > s { g[p + s..p + e].iter().sum::<f64>() / (e - s) as f64 } else { 0.0 })
         .collect();
-    Ok(Attribution { values, sequences: 1, positions: seq.len() })
+    Ok(Attribution { values, credit: None, sequences: 1, positions: seq.len() })
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {

@@ -47,7 +47,7 @@ fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target
         .zip(&lps[1..])
         .map(|(&(_, e), without)| sum(&lps[0][if target == Target::Answer { n } else { e }..]) - sum(without))
         .collect();
-    Ok(Attribution { values, sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
+    Ok(Attribution { values, credit: None, sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {

@@ -108,6 +108,12 @@ struct Exit {
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
+    mc_values(ctx, "policy", "mc", true)
+}
+
+/// The stage's work with the sampling model wired to input `model_input` and `method` in the
+/// score rows; `score_progress` reuses it with its prover (and without the extra tables).
+pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables: bool) -> Result<()> {
     set_threads(ctx)?;
     let k: usize = ctx.param("k")?;
     let seed: u64 = ctx.param("seed")?;
@@ -121,7 +127,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
     let inputs = TraceInputs::read(ctx)?;
     let traces = inputs.traces()?;
-    let (model, tok) = load_policy(ctx, "policy")?;
+    let (model, tok) = load_policy(ctx, model_input)?;
 
     let mut exits = Vec::new();
     let mut golds = Vec::with_capacity(traces.len());
@@ -190,7 +196,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         values.push(tr.rollout.reward);
         let unnorm: Vec<f64> = values.windows(2).map(|w| w[1] - w[0]).collect();
         let zeros = vec![0.0; values.len()];
-        let (row, fb) = tr.score_row(values, zeros, &unnorm, normalize, "mc")?;
+        let (row, fb) = tr.score_row(values, zeros, &unnorm, normalize, method)?;
         fell_back += fb as i64;
         scores.push(row);
     }
@@ -212,8 +218,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if let Some(r) = sd.iter().find(|r| r.sd_bootstrap < 0.1) {
         ctx.metric("k_sd_below_0_1", r.k);
     }
-    write_rows(ctx.output("completions")?, Schema::Table, &completions)?;
-    write_rows(ctx.output("mc_sd")?, Schema::Table, &sd)?;
+    if tables {
+        write_rows(ctx.output("completions")?, Schema::Table, &completions)?;
+        write_rows(ctx.output("mc_sd")?, Schema::Table, &sd)?;
+    }
     write_scores(ctx, &scores, fell_back, normalize)
 }
 

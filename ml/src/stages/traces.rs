@@ -143,17 +143,19 @@ pub fn write_scores(ctx: &mut StageContext, rows: &[ScoreRow], fell_back: i64, h
     Ok(())
 }
 
-/// Per-segment values of an attribution method for one trace, with what it cost.
+/// Values of a prefill-only method for one trace (the `R` column), with what it cost.
 pub struct Attribution {
     pub values: Vec<f64>,
+    /// σ^unnorm per segment; `None`: the values are per segment and are σ^unnorm themselves.
+    pub credit: Option<Vec<f64>>,
     /// Sequences run through the model (teacher-forced passes).
     pub sequences: usize,
     /// Token positions in those sequences.
     pub positions: usize,
 }
 
-/// The loop of a prefill-only attribution scorer: `value` for every trace, `R` = the values, `v` =
-/// zeros of the same length, σ = the `normalize` param applied to the values; counters
+/// The loop of a prefill-only scorer: `value` for every trace, `R` = the values, `v` = zeros of
+/// the same length, σ = the `normalize` param applied to the credit (default: the values); counters
 /// `forward_sequences`, `forward_tokens` (and `tokens_generated` = 0), metric
 /// `scoring_s_per_trace`.
 pub fn score_attribution(ctx: &mut StageContext, method: &str, mut value: impl FnMut(&Trace) -> Result<Attribution>) -> Result<()> {
@@ -168,7 +170,8 @@ pub fn score_attribution(ctx: &mut StageContext, method: &str, mut value: impl F
         sequences += a.sequences;
         positions += a.positions;
         let zeros = vec![0.0; a.values.len()];
-        let (row, fb) = trace.score_row(a.values.clone(), zeros, &a.values, normalize, method)?;
+        let credit = a.credit.as_ref().unwrap_or(&a.values);
+        let (row, fb) = trace.score_row(a.values.clone(), zeros, credit, normalize, method)?;
         fell_back += fb as i64;
         rows.push(row);
         let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64().max(1e-9);

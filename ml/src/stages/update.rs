@@ -2,7 +2,11 @@
 //!
 //! Advantages are group-normalized outcome rewards ([`rredcot::credit::weights::advantages`]).
 //! Each completion's credit is uniform 1/|o| (`credit = "uniform"`, GRPO) or σ_t/|u_t| from the
-//! `scores` and `segments` inputs (`credit = "sigma"`, RREDCoT), mixed by `sigma_mix`. The loss is
+//! `scores` and `segments` inputs (`credit = "sigma"`, RREDCoT), mixed by `sigma_mix`. With
+//! `credit = "progress"` (seed 002) the credit stays uniform and the *advantage* is per token: the
+//! outcome advantage plus `progress_coef` × the prover's progress Δ_t of the token's step (from
+//! `score_progress` values), times the token's entropy normalized over its step, mixed by
+//! `entropy_mix` ([`rredcot::credit::progress`]). The loss is
 //! [`crate::train::loss::policy_loss`]; `inner_epochs` × minibatches optimizer steps of the
 //! resumable AdamW, each accumulated over micro-batches (so a batch larger than memory works),
 //! with a warmup + cosine schedule over the whole run (`step` of `total_steps`, usually
@@ -17,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::credit::segmentation::checked_ends;
-use rredcot::credit::sigma;
+use rredcot::credit::{progress, sigma};
 use rredcot::credit::weights::{advantages, token_weights, ScaleRewards};
 use rredcot::engine::StageContext;
 use serde::Serialize;
@@ -34,6 +38,7 @@ use crate::train::lr_at;
 enum Credit {
     Uniform,
     Sigma,
+    Progress,
 }
 
 /// One completion ready for the loss.
@@ -43,7 +48,8 @@ struct Sequence {
     prompt_len: usize,
     /// Per completion token share of the sequence's credit (sums to 1).
     credit: Vec<f64>,
-    advantage: f64,
+    /// Per completion token advantage (the sequence's outcome advantage unless `progress`).
+    advantage: Vec<f64>,
     reward: f64,
     sigma_entropy: Option<f64>,
 }
@@ -73,10 +79,10 @@ struct MetricsRow {
 }
 
 /// Right-padded tensors of a micro-batch: ids `[B, L]`, and over completion positions (the
-/// targets `ids[:, 1:]`) the mask and credit `[B, L-1]`.
-fn micro_tensors(seqs: &[&Sequence], device: Device) -> (Tensor, Tensor, Tensor) {
+/// targets `ids[:, 1:]`) the mask, credit and advantages `[B, L-1]`.
+fn micro_tensors(seqs: &[&Sequence], device: Device) -> (Tensor, Tensor, Tensor, Tensor) {
     let len = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(1);
-    let (mut ids, mut mask, mut credit) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ids, mut mask, mut credit, mut adv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for s in seqs {
         for i in 0..len {
             ids.push(*s.ids.get(i).unwrap_or(&0));
@@ -87,6 +93,7 @@ fn micro_tensors(seqs: &[&Sequence], device: Device) -> (Tensor, Tensor, Tensor)
             let inside = tok >= s.prompt_len && tok < s.ids.len();
             mask.push(if inside { 1f32 } else { 0f32 });
             credit.push(if inside { s.credit[tok - s.prompt_len] as f32 } else { 0f32 });
+            adv.push(if inside { s.advantage[tok - s.prompt_len] as f32 } else { 0f32 });
         }
     }
     let b = seqs.len() as i64;
@@ -94,6 +101,7 @@ fn micro_tensors(seqs: &[&Sequence], device: Device) -> (Tensor, Tensor, Tensor)
         Tensor::from_slice(&ids).view([b, len as i64]).to_device(device),
         Tensor::from_slice(&mask).view([b, len as i64 - 1]).to_device(device),
         Tensor::from_slice(&credit).view([b, len as i64 - 1]).to_device(device),
+        Tensor::from_slice(&adv).view([b, len as i64 - 1]).to_device(device),
     )
 }
 
@@ -154,7 +162,13 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             rollouts_path.display(), r.prompt_id, r.sample_idx, &r.policy_ckpt[..12.min(r.policy_ckpt.len())], &policy_hash[..12]
         );
     }
-    let sigma_of: HashMap<(String, i32), (ScoreRow, SegmentRow)> = if credit_kind == Credit::Sigma {
+    // Only the progress kind (update_progress) declares these.
+    let (progress_coef, entropy_mix): (f64, f64) =
+        if credit_kind == Credit::Progress { (ctx.param("progress_coef")?, ctx.param("entropy_mix")?) } else { (0.0, 0.0) };
+    if !(0.0..=1.0).contains(&entropy_mix) || !progress_coef.is_finite() {
+        bail!("stage `{}`: entropy_mix = {entropy_mix} must be in [0, 1] and progress_coef finite", ctx.instance);
+    }
+    let sigma_of: HashMap<(String, i32), (ScoreRow, SegmentRow)> = if credit_kind != Credit::Uniform {
         let scores: Vec<ScoreRow> = read_rows(ctx.input("scores")?, Schema::Scores)?;
         let segs: Vec<SegmentRow> = read_rows(ctx.input("segments")?, Schema::Segments)?;
         let mut by: HashMap<(String, i32), SegmentRow> = segs.into_iter().map(|s| ((s.prompt_id.clone(), s.sample_idx), s)).collect();
@@ -201,28 +215,47 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         if let Some(bad) = r.completion_ids.iter().find(|&&t| t < 0 || t as i64 >= model.cfg.vocab_size) {
             bail!("{}: token id {bad} outside the policy's vocabulary ({}): rollouts and checkpoint disagree", at(), model.cfg.vocab_size);
         }
-        let (credit, sigma_entropy) = match credit_kind {
-            Credit::Uniform => (token_weights(n, None, 0.0), None),
+        let scored = || -> Result<(&ScoreRow, Vec<usize>)> {
+            let (sc, sg) = sigma_of
+                .get(&(r.prompt_id.clone(), r.sample_idx))
+                .with_context(|| format!("{}: no score/segments row for this rollout", at()))?;
+            // A malformed segments row is an error here, not a panic in token_weights.
+            let ends = checked_ends(&sg.seg_starts, &sg.seg_ends, n).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+            Ok((sc, ends))
+        };
+        let (credit, advantage, sigma_entropy) = match credit_kind {
+            Credit::Uniform => (token_weights(n, None, 0.0), vec![adv[i]; n], None),
             Credit::Sigma => {
-                let (sc, sg) = sigma_of
-                    .get(&(r.prompt_id.clone(), r.sample_idx))
-                    .with_context(|| format!("{}: no σ score/segments for this rollout", at()))?;
-                // A malformed segments row is an error here, not a panic in token_weights.
-                let ends = checked_ends(&sg.seg_starts, &sg.seg_ends, n).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+                let (sc, ends) = scored()?;
                 if sc.sigma.len() != ends.len() {
                     bail!("{}: {} σ values for {} segments", at(), sc.sigma.len(), ends.len());
                 }
                 if let Some(x) = sc.sigma.iter().find(|x| !x.is_finite()) {
                     bail!("{}: σ value {x}", at());
                 }
-                (token_weights(n, Some((&sc.sigma, &ends)), sigma_mix), Some(sigma::entropy(&sc.sigma)))
+                (token_weights(n, Some((&sc.sigma, &ends)), sigma_mix), vec![adv[i]; n], Some(sigma::entropy(&sc.sigma)))
+            }
+            Credit::Progress => {
+                let (sc, ends) = scored()?;
+                if sc.r.len() != ends.len() + 1 {
+                    bail!("{}: {} prover values (R) for {} segments; expected V_0..V_T from score_progress", at(), sc.r.len(), ends.len());
+                }
+                if let Some(x) = sc.r.iter().find(|x| !x.is_finite()) {
+                    bail!("{}: prover value {x}", at());
+                }
+                if r.entropies.len() != n {
+                    bail!("{}: {} token entropies for {n} completion tokens", at(), r.entropies.len());
+                }
+                let w = progress::entropy_weights(&r.entropies, &ends, entropy_mix);
+                let a = progress::token_advantages(adv[i], &progress::step_progress(&sc.r), progress_coef, &ends, &w);
+                (token_weights(n, None, 0.0), a, None)
             }
         };
         seqs.push(Sequence {
             ids: pids.iter().copied().chain(r.completion_ids.iter().map(|&t| t as i64)).collect(),
             prompt_len: pids.len(),
             credit,
-            advantage: adv[i],
+            advantage,
             reward: r.reward,
             sigma_entropy,
         });
@@ -262,7 +295,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         let (mut olds, mut refs) = (Vec::new(), Vec::new());
         for idx in micro_batches(mb) {
             let picked: Vec<&Sequence> = idx.iter().map(|&i| &mb[i]).collect();
-            let (ids, _, _) = micro_tensors(&picked, device);
+            let (ids, _, _, _) = micro_tensors(&picked, device);
             olds.push(if needs_old { tch::no_grad(|| token_logprobs(&model, &ids, temperature))? } else { Tensor::new() });
             refs.push(match &reference {
                 Some(r) => Some(tch::no_grad(|| token_logprobs(r, &ids, temperature))?),
@@ -292,10 +325,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             let (mut loss_sum, mut kl_sum, mut clip_sum, mut tokens) = (0.0, 0.0, 0.0, 0i64);
             for (k, idx) in parts_idx.iter().enumerate() {
                 let picked: Vec<&Sequence> = idx.iter().map(|&i| &mb[i]).collect();
-                let (ids, mask, credit) = micro_tensors(&picked, device);
+                let (ids, mask, credit, adv_t) = micro_tensors(&picked, device);
                 let logp = token_logprobs(&model, &ids, temperature)?;
                 let old = if needs_old { old_logps[mbi][k].shallow_clone() } else { logp.detach() };
-                let adv_t = Tensor::from_slice(&picked.iter().map(|s| s.advantage as f32).collect::<Vec<_>>()).to_device(device);
                 let f_t = Tensor::from_slice(&factors[k].iter().map(|&f| f as f32).collect::<Vec<_>>()).to_device(device);
                 let parts = policy_loss(&loss_cfg, &logp, &old, ref_logps[mbi][k].as_ref(), &adv_t, &credit, &f_t, &mask);
                 let l = parts.loss.double_value(&[]);
@@ -360,32 +392,33 @@ mod tests {
 
     #[test]
     fn micro_batch_masks_exactly_the_completion_and_carries_its_credit() {
-        let a = Sequence { ids: vec![5, 6, 7, 8], prompt_len: 2, credit: vec![0.25, 0.75], advantage: 1.0, reward: 1.0, sigma_entropy: None };
-        let b = Sequence { ids: vec![5, 9, 9], prompt_len: 1, credit: vec![0.5, 0.5], advantage: -1.0, reward: 0.0, sigma_entropy: None };
-        let (ids, mask, credit) = micro_tensors(&[&a, &b], Device::Cpu);
+        let a = Sequence { ids: vec![5, 6, 7, 8], prompt_len: 2, credit: vec![0.25, 0.75], advantage: vec![1.0, 2.0], reward: 1.0, sigma_entropy: None };
+        let b = Sequence { ids: vec![5, 9, 9], prompt_len: 1, credit: vec![0.5, 0.5], advantage: vec![-1.0, -1.0], reward: 0.0, sigma_entropy: None };
+        let (ids, mask, credit, adv) = micro_tensors(&[&a, &b], Device::Cpu);
         assert_eq!(ids.size(), vec![2, 4]);
         let mask: Vec<f32> = Vec::try_from(mask.flatten(0, -1)).unwrap();
         let credit: Vec<f32> = Vec::try_from(credit.flatten(0, -1)).unwrap();
         // Targets of a: 6 7 8 (completion 7 8 at target positions 1, 2); of b: 9 9 pad.
         assert_eq!(mask, vec![0., 1., 1., 1., 1., 0.]);
         assert_eq!(credit, vec![0., 0.25, 0.75, 0.5, 0.5, 0.]);
+        let adv: Vec<f32> = Vec::try_from(adv.flatten(0, -1)).unwrap();
+        assert_eq!(adv, vec![0., 1., 2., -1., -1., 0.]);
     }
 
     #[test]
     fn sigma_proportional_to_segment_length_is_the_grpo_loss_and_gradient() {
         use crate::train::loss::{policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
         let (n, ends, sig) = (10usize, vec![3usize, 4, 10], vec![0.3, 0.1, 0.6]);
-        let make = |credit: Vec<f64>, adv: f64| Sequence { ids: (1..=12).collect(), prompt_len: 2, credit, advantage: adv, reward: 0.0, sigma_entropy: None };
+        let make = |credit: Vec<f64>, adv: f64| Sequence { ids: (1..=12).collect(), prompt_len: 2, credit, advantage: vec![adv; 10], reward: 0.0, sigma_entropy: None };
         let grpo = [make(token_weights(n, None, 0.0), 1.0), make(token_weights(n, None, 0.0), -1.0)];
         let rred = [make(token_weights(n, Some((&sig, &ends)), 1.0), 1.0), make(token_weights(n, Some((&sig, &ends)), 1.0), -1.0)];
         let cfg = LossConfig { loss_type: LossType::Grpo, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.2, beta: 0.0 };
         let loss_and_grad = |seqs: &[Sequence]| {
-            let (_, mask, credit) = micro_tensors(&seqs.iter().collect::<Vec<_>>(), Device::Cpu);
+            let (_, mask, credit, adv) = micro_tensors(&seqs.iter().collect::<Vec<_>>(), Device::Cpu);
             tch::manual_seed(0);
             let mut logp = (Tensor::rand([2, 11], (Kind::Float, Device::Cpu)) * -2.0).set_requires_grad(true);
             logp.zero_grad();
             let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[vec![n, n]], n)[0].iter().map(|&x| x as f32).collect::<Vec<_>>());
-            let adv = Tensor::from_slice(&[1.0f32, -1.0]);
             let parts = policy_loss(&cfg, &logp, &logp.detach(), None, &adv, &credit, &f, &mask);
             parts.loss.backward();
             (parts.loss.double_value(&[]), logp.grad())
@@ -394,5 +427,33 @@ mod tests {
         let (lr, gr) = loss_and_grad(&rred);
         assert!((lg - lr).abs() < 1e-7, "{lg} vs {lr}");
         assert!((gg - gr).abs().max().double_value(&[]) < 1e-7);
+    }
+
+    #[test]
+    fn progress_advantages_reduce_to_grpo_and_flip_the_gradient_of_a_regressing_step() {
+        use crate::train::loss::{policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
+        let (n, ends) = (6usize, vec![2usize, 6]);
+        let entropies = [0.5f32, 1.5, 1.0, 1.0, 2.0, 0.0];
+        let cfg = LossConfig { loss_type: LossType::Grpo, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.2, beta: 0.0 };
+        let grad_of = |advantage: Vec<f64>| {
+            let s = Sequence { ids: (1..=8).collect(), prompt_len: 2, credit: token_weights(n, None, 0.0), advantage, reward: 1.0, sigma_entropy: None };
+            let (_, mask, credit, adv) = micro_tensors(&[&s], Device::Cpu);
+            let logp = (Tensor::ones([1, 7], (Kind::Float, Device::Cpu)) * -1.0).set_requires_grad(true);
+            let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[vec![n]], n)[0].iter().map(|&x| x as f32).collect::<Vec<_>>());
+            policy_loss(&cfg, &logp, &logp.detach(), None, &adv, &credit, &f, &mask).loss.backward();
+            Vec::<f32>::try_from(logp.grad().flatten(0, -1)).unwrap()
+        };
+        let values = [0.5, 0.9, 0.2]; // step 1 helps, step 2 undoes it
+        let progress = progress::step_progress(&values);
+        // No progress term, no entropy weighting: every token gets the outcome advantage (GRPO).
+        let w0 = progress::entropy_weights(&entropies, &ends, 0.0);
+        assert_eq!(grad_of(progress::token_advantages(1.0, &progress, 0.0, &ends, &w0)), grad_of(vec![1.0; n]));
+        // With progress 2x: step 2 (Δ = −0.7) gets 1 − 1.4 < 0, so its tokens are pushed down even
+        // though the trace was correct; step 1 tokens are pushed up, scaled by their entropy.
+        let w1 = progress::entropy_weights(&entropies, &ends, 1.0);
+        let g = grad_of(progress::token_advantages(1.0, &progress, 2.0, &ends, &w1));
+        assert!(g[1] < 0.0 && g[2] < g[1], "step 1 raised, the higher-entropy token more: {g:?}");
+        assert!(g[3..6].iter().all(|&x| x > 0.0), "step 2 lowered: {g:?}");
+        assert_eq!(g[6], 0.0, "a zero-entropy token gets no credit");
     }
 }

@@ -75,7 +75,7 @@ pub struct LossParts {
 }
 
 /// `logp`, `old_logp`, `ref_logp`, `credit`, `mask`: `[B, T]` over completion positions;
-/// `adv`, `factor`: `[B]`. `credit` rows sum to 1 over the mask.
+/// `adv`: `[B]` (per sequence) or `[B, T]` (per token); `factor`: `[B]`. `credit` rows sum to 1 over the mask.
 #[allow(clippy::too_many_arguments)]
 pub fn policy_loss(
     cfg: &LossConfig,
@@ -97,7 +97,8 @@ pub fn policy_loss(
     };
     let coef1 = log_w.exp();
     let coef2 = coef1.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
-    let a = adv.unsqueeze(-1);
+    // One advantage per sequence `[B]`, or per token `[B, T]` (progress credit).
+    let a = if adv.dim() == 1 { adv.unsqueeze(-1) } else { adv.shallow_clone() };
     let mut per_token = -(&coef1 * &a).minimum(&(&coef2 * &a));
     let mut kl = 0.0;
     if let (Some(r), true) = (ref_logp, cfg.beta > 0.0) {

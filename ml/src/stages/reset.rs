@@ -1,0 +1,223 @@
+//! `reset`: credit assignment with resets (seed 004). A trace x, u_1..u_T is reset to the state
+//! before step t — the prompt followed by u_1..u_{t−1} — and the policy samples `k` fresh
+//! continuations from there. The continuations form a group of their own, so their group-normalized
+//! outcome advantages credit the decisions made from step t on: outcome differences are
+//! attributed to that point rather than spread over the whole trace.
+//!
+//! - `mode = "random"` (RRPO): t uniform over 1..T, seeded per trace.
+//! - `mode = "self"` (SRPO): the policy itself localizes the first wrong step of the trace. It is
+//!   shown `localize_prompt` (the problem and the numbered steps) and t is the step number whose
+//!   answer `localize_answer` it finds most likely (scored in prefill over t = 1..T, so the choice
+//!   is always a valid step and deterministic; a tiny model's free-form answer would often not be).
+//!
+//! `traces = "incorrect"` resets only traces with reward 0 (SRPO's setting), `"all"` every trace.
+//! A reset group's prompt row copies the original with id `<prompt id>#<sample>@<t>` and carries
+//! the prefix ids in its `meta` (`reset_prefix_ids`), which [`super::encode_prompt`] appends, so
+//! `update`, the scorers and a later `rollout` all see prompt + prefix as the context and the
+//! continuation as the completion. Outputs: `prompts` and `rollouts` (the originals, then the reset
+//! groups; `include_original = false` keeps only the resets) and a `resets` table.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rredcot::artifact::rows::{PromptRow, RolloutRow};
+use rredcot::artifact::{write_rows, write_table, Schema};
+use rredcot::engine::StageContext;
+use rredcot::math::verify_response;
+use rredcot::stages::prompt_text::prompt_text;
+use serde::Serialize;
+
+use super::sampling::{row_seed, sample_seeded, sampling_params};
+use super::traces::{Trace, TraceInputs, TraceTokens};
+use super::{load_policy, set_threads, RESET_PREFIX_KEY};
+use crate::model::{logprob, ChatMessage, DecoderLm, Tokenizer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    Random,
+    #[serde(rename = "self")]
+    Own,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Which {
+    All,
+    Incorrect,
+}
+
+/// One row of the `resets` table.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct ResetRow {
+    prompt_id: String,
+    sample_idx: i32,
+    /// The reset group's prompt id.
+    reset_id: String,
+    mode: String,
+    /// Step t (1-based): the continuations replace u_t..u_T.
+    reset_step: i32,
+    steps: i32,
+    prefix_tokens: i32,
+    original_reward: f64,
+    continuation_mean_reward: f64,
+}
+
+/// The step SRPO resets to: argmax over t = 1..T of log p(`answer`(t) | `prompt`(question, steps)).
+fn localize(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, tt: &TraceTokens, prompt: &str, answer: &str, batch: usize) -> Result<usize> {
+    let mut steps = String::new();
+    for (i, &(s, e)) in tt.bounds.iter().enumerate() {
+        steps.push_str(&format!("Step {}: {}\n", i + 1, tok.decode(&tt.completion[s..e], true)?.trim()));
+    }
+    let ask = prompt.replace("{question}", &prompt_text(&trace.prompt.prompt)).replace("{steps}", steps.trim_end());
+    let context = tok.encode_chat(&[ChatMessage::new("user", &ask)], true)?;
+    let pairs: Vec<(Vec<i64>, Vec<i64>)> =
+        (1..=tt.bounds.len()).map(|t| Ok((context.clone(), tok.encode(&answer.replace("{t}", &t.to_string()))?))).collect::<Result<_>>()?;
+    let lps = logprob(model, &pairs, batch)?;
+    let score = |lp: &Vec<f32>| lp.iter().map(|&x| x as f64).sum::<f64>();
+    // Ties go to the earliest step: the first error is what SRPO asks for.
+    let best = lps.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, lp)| if score(lp) > b.1 { (i, score(lp)) } else { b });
+    Ok(best.0 + 1)
+}
+
+/// A chosen reset: trace index, step t and the prefix (completion tokens before step t).
+struct Reset {
+    trace: usize,
+    step: usize,
+    steps: usize,
+    prefix: Vec<i64>,
+    prefix_text: String,
+    context: Vec<i64>,
+    row: PromptRow,
+}
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    set_threads(ctx)?;
+    let mode: Mode = ctx.param("mode")?;
+    let which: Which = ctx.param("traces")?;
+    let k: usize = ctx.param("k")?;
+    let seed: u64 = ctx.param("seed")?;
+    let batch: usize = ctx.param("batch_size")?;
+    let include_original: bool = ctx.param("include_original")?;
+    let (loc_prompt, loc_answer): (String, String) = (ctx.param("localize_prompt")?, ctx.param("localize_answer")?);
+    let sampling = sampling_params(ctx)?;
+    if k == 0 {
+        bail!("stage `{}`: k must be positive", ctx.instance);
+    }
+    if mode == Mode::Own && !(loc_prompt.contains("{steps}") && loc_answer.contains("{t}")) {
+        bail!("stage `{}`: localize_prompt must contain {{steps}} and localize_answer {{t}}", ctx.instance);
+    }
+    let inputs = TraceInputs::read(ctx)?;
+    let traces = inputs.traces()?;
+    let policy_hash = ctx.input_hash("policy")?.to_string();
+    if let Some(tr) = traces.iter().find(|t| t.rollout.policy_ckpt != policy_hash) {
+        bail!("{}: sampled from checkpoint {} but the policy input is {}: resets continue the policy's own traces", tr.at, &tr.rollout.policy_ckpt[..12.min(tr.rollout.policy_ckpt.len())], &policy_hash[..12]);
+    }
+    let (model, tok) = load_policy(ctx, "policy")?;
+
+    let mut resets = Vec::new();
+    let mut progress = ctx.progress(traces.len() as u64, "reset points");
+    for (i, tr) in traces.iter().enumerate() {
+        progress.set(i as u64 + 1, "reset points");
+        if which == Which::Incorrect && tr.rollout.reward > 0.0 {
+            continue;
+        }
+        tr.answer()?;
+        let tt = tr.tokens(&tok)?;
+        let steps = tt.bounds.len();
+        let step = match mode {
+            Mode::Random => ChaCha8Rng::seed_from_u64(row_seed(seed, &tr.seg.prompt_id, tr.seg.sample_idx as usize)).random_range(1..=steps),
+            Mode::Own => localize(&model, &tok, tr, &tt, &loc_prompt, &loc_answer, batch)?,
+        };
+        let upto = tt.bounds[step - 1].0;
+        let prefix = tt.completion[..upto].to_vec();
+        let id = format!("{}#{}@{step}", tr.seg.prompt_id, tr.seg.sample_idx);
+        let mut meta = match serde_json::from_str::<serde_json::Value>(&tr.prompt.meta) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => Default::default(),
+        };
+        meta.insert("reset_of".into(), tr.seg.prompt_id.clone().into());
+        meta.insert("reset_sample".into(), tr.seg.sample_idx.into());
+        meta.insert("reset_step".into(), step.into());
+        meta.insert("reset_mode".into(), serde_json::to_value(mode)?);
+        meta.insert(RESET_PREFIX_KEY.into(), prefix.clone().into());
+        let row = PromptRow { id, meta: serde_json::Value::Object(meta).to_string(), ..tr.prompt.clone() };
+        resets.push(Reset { trace: i, step, steps, prefix_text: tok.decode(&prefix, true)?, context: tt.prefix(upto), prefix, row });
+    }
+    progress.finish();
+
+    let rows: Vec<(&[i64], u64)> =
+        resets.iter().flat_map(|r| (0..k).map(move |j| (r.context.as_slice(), row_seed(seed, &r.row.id, j)))).collect();
+    let gens = sample_seeded(ctx, &model, &tok, &rows, batch, &sampling, "continuations", |i| format!("reset {} continuation {}", resets[i / k].row.id, i % k))?;
+
+    let mut out_prompts: Vec<PromptRow> = Vec::new();
+    let mut out_rollouts: Vec<RolloutRow> = Vec::new();
+    if include_original {
+        let used: HashMap<&str, ()> = traces.iter().map(|t| (t.prompt.id.as_str(), ())).collect();
+        let mut seen = HashMap::new();
+        for t in &traces {
+            if used.contains_key(t.prompt.id.as_str()) && seen.insert(t.prompt.id.as_str(), ()).is_none() {
+                out_prompts.push(t.prompt.clone());
+            }
+            out_rollouts.push(t.rollout.clone());
+        }
+    }
+    let mut table = Vec::with_capacity(resets.len());
+    let mut gens = gens.into_iter();
+    let (mut mixed, mut cont_reward) = (0i64, 0.0);
+    for r in &resets {
+        let tr = &traces[r.trace];
+        let gold = tr.answer()?;
+        let mut rewards = Vec::with_capacity(k);
+        for j in 0..k {
+            let g = gens.next().expect("one generation per continuation");
+            let text = g.text.clone().unwrap_or_default();
+            let verdict = verify_response(gold, &format!("{}{text}", r.prefix_text));
+            let reward = if verdict.correct { 1.0 } else { 0.0 };
+            rewards.push(reward);
+            out_rollouts.push(RolloutRow {
+                prompt_id: r.row.id.clone(),
+                sample_idx: j as i32,
+                completion_ids: g.tokens.iter().map(|&t| t as i32).collect(),
+                text,
+                logprobs: g.logprobs,
+                entropies: g.entropies,
+                answer_extracted: verdict.extracted,
+                reward,
+                finish_reason: g.finish_reason.as_str().to_string(),
+                policy_ckpt: policy_hash.clone(),
+            });
+        }
+        let mean = rewards.iter().sum::<f64>() / k as f64;
+        mixed += (mean > 0.0 && mean < 1.0) as i64;
+        cont_reward += mean;
+        table.push(ResetRow {
+            prompt_id: tr.seg.prompt_id.clone(),
+            sample_idx: tr.seg.sample_idx,
+            reset_id: r.row.id.clone(),
+            mode: serde_json::to_value(mode)?.as_str().unwrap_or_default().to_string(),
+            reset_step: r.step as i32,
+            steps: r.steps as i32,
+            prefix_tokens: r.prefix.len() as i32,
+            original_reward: tr.rollout.reward,
+            continuation_mean_reward: mean,
+        });
+        out_prompts.push(r.row.clone());
+    }
+    ctx.count("traces", traces.len() as i64);
+    ctx.count("resets", resets.len() as i64);
+    ctx.count("continuations", (resets.len() * k) as i64);
+    // Groups with both outcomes: the only ones whose advantages are not all 0.
+    ctx.count("reset_groups_mixed", mixed);
+    ctx.metric("continuation_mean_reward", cont_reward / resets.len().max(1) as f64);
+    ctx.metric("mean_reset_fraction", resets.iter().map(|r| (r.step - 1) as f64 / r.steps as f64).sum::<f64>() / resets.len().max(1) as f64);
+    if out_rollouts.is_empty() {
+        bail!("stage `{}`: no trace to reset ({} traces, traces = {which:?}) and include_original = false: nothing to write", ctx.instance, traces.len());
+    }
+    write_rows(ctx.output("prompts")?, Schema::Prompts, &out_prompts)?;
+    write_rows(ctx.output("rollouts")?, Schema::Rollouts, &out_rollouts)?;
+    write_table(ctx.output("resets")?, &table)?;
+    Ok(())
+}

@@ -1,0 +1,54 @@
+//! `score_progress`: the prover's success probability after every step (seed 002's progress
+//! reward). For a trace x, u_1..u_T, V_t estimates the probability that the *prover* (input
+//! `prover`: a separate checkpoint, e.g. a stronger or earlier policy) reaches the reference
+//! answer from x, u_1..u_t, t = 0..T; the progress reward of step t is Δ_t = V_t − V_{t−1}
+//! ([`rredcot::credit::progress`]), which `update_progress` turns into per-token advantages.
+//!
+//! `estimate = "mc"`: V_t = fraction of `k` prover completions from the prefix that the verifier
+//! finds correct, V_T = the trace's own reward (the `score_mc` machinery, seeds and truncation
+//! rules, with the prover sampling). `estimate = "prefill"`: V_t = p_prover(y* | x, u_1..u_t)
+//! with y* = `answer_template` filled with the reference answer: no sampling, T + 1 teacher-forced
+//! sequences per trace.
+//!
+//! Output: `scores` with `R` = V_0..V_T, `v` = zeros, σ = `normalize`(Δ) (so it can also serve
+//! as σ credit), `method = "progress"`.
+
+use anyhow::Result;
+use rredcot::engine::StageContext;
+
+use super::score_mc::mc_values;
+use super::traces::{answer_ids, score_attribution, Attribution, Trace};
+use super::{load_policy, set_threads};
+use crate::model::{logprob, DecoderLm, Tokenizer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Estimate {
+    Mc,
+    Prefill,
+}
+
+/// V_t = p(y* | x, u_1..u_t) for t = 0..T, and Δ_t as the credit.
+fn prefill_values(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, batch: usize) -> Result<Attribution> {
+    let tt = trace.tokens(tok)?;
+    let y = answer_ids(tok, template, trace.answer()?)?;
+    let cuts = std::iter::once(0).chain(tt.bounds.iter().map(|&(_, e)| e));
+    let pairs: Vec<(Vec<i64>, Vec<i64>)> = cuts.map(|upto| (tt.prefix(upto), y.clone())).collect();
+    let lps = logprob(model, &pairs, batch)?;
+    let values: Vec<f64> = lps.iter().map(|lp| lp.iter().map(|&x| x as f64).sum::<f64>().exp()).collect();
+    let credit = rredcot::credit::progress::step_progress(&values);
+    Ok(Attribution { values, credit: Some(credit), sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
+}
+
+pub fn run(ctx: &mut StageContext) -> Result<()> {
+    match ctx.param::<Estimate>("estimate")? {
+        Estimate::Mc => mc_values(ctx, "prover", "progress", false),
+        Estimate::Prefill => {
+            set_threads(ctx)?;
+            let template: String = ctx.param("answer_template")?;
+            let batch: usize = ctx.param("batch_size")?;
+            let (model, tok) = load_policy(ctx, "prover")?;
+            score_attribution(ctx, "progress", |trace| prefill_values(&model, &tok, trace, &template, batch))
+        }
+    }
+}
