@@ -117,6 +117,10 @@ fn check_tiny(arch: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join(arch);
     run_py(&["tiny", arch, dir.to_str().unwrap()]);
+    // Qwen3 is written in shards, Qwen2 as one file: both loading paths are compared.
+    let shards = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".safetensors")).count();
+    assert_eq!(dir.join("model.safetensors.index.json").exists(), arch == "qwen3");
+    assert!(if arch == "qwen3" { shards > 1 } else { shards == 1 }, "{arch}: {shards} safetensors files");
     let r = read_ref(&dir);
     let loaded = model::load(
         &dir,
@@ -233,7 +237,32 @@ fn smollm2_gguf_and_hf_match_transformers() {
                 "smollm2 {what}: greedy prompt {i}"
             );
         }
+        if what == "hf-dir" {
+            check_stop_strings(&loaded.model, tok, &r.prompts);
+        }
     }
+}
+
+/// Stop strings on a real tokenizer: a row stops as soon as its decoded text contains one, its
+/// text is cut before it, and the other rows of the batch are unaffected.
+fn check_stop_strings(m: &DecoderLm, tok: &model::Tokenizer, prompts: &[Vec<i64>]) {
+    let batch = &prompts[..2];
+    let free = generate(m, Some(tok), batch, &[0, 0], &SamplingParams { temperature: 0.0, max_new_tokens: 32, ..Default::default() }).unwrap();
+    let text0 = free[0].text.clone().unwrap();
+    // A word from the middle of row 0's greedy text that row 1's text does not contain.
+    let stop = text0
+        .split_whitespace()
+        .skip(3)
+        .find(|w| w.len() >= 3 && !free[1].text.as_ref().unwrap().contains(*w))
+        .unwrap_or_else(|| panic!("no usable stop word in {text0:?}"))
+        .to_string();
+    let p = SamplingParams { temperature: 0.0, max_new_tokens: 32, stop_strings: vec![stop.clone()], ..Default::default() };
+    let cut = generate(m, Some(tok), batch, &[0, 0], &p).unwrap();
+    let t = cut[0].text.as_ref().unwrap();
+    assert_eq!(cut[0].finish_reason, model::FinishReason::Stop, "stop {stop:?} in {text0:?}");
+    assert!(cut[0].tokens.len() < free[0].tokens.len() && free[0].tokens.starts_with(&cut[0].tokens));
+    assert_eq!(t.as_str(), &text0[..text0.find(&stop).unwrap()], "text cut before the stop string");
+    assert_eq!((&cut[1].tokens, cut[1].finish_reason), (&free[1].tokens, free[1].finish_reason), "the other row runs on");
 }
 
 #[test]
