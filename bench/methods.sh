@@ -35,12 +35,12 @@ BIN=./target/$PROFILE/rredcot
 run() { # run NAME ARGS...: the pipeline, score stages forced so they are timed in this run, one at a time
   local name=$1; shift
   $BIN --store "$STORE" pipeline run pipelines/credit-methods.toml -j 1 --set rollout.limit=$PROMPTS \
-    --set mc5.max_new_tokens=$MC_MAX_NEW --set mc20.max_new_tokens=$MC_MAX_NEW "$@" --json > "$TMP/$name.json"
+    --set mc5.max_new_tokens=$MC_MAX_NEW --set mc20.max_new_tokens=$MC_MAX_NEW --set srpo.max_new_tokens=$MC_MAX_NEW "$@" --json > "$TMP/$name.json"
 }
 run coarse --set segment.method=hybrid --set segment.max_segments=$SEGMENTS \
-  --force sigma --force mc5 --force mc20 --force loo --force grad
+  --force sigma --force mc5 --force mc20 --force loo --force grad --force progress --force srpo
 run fine --set segment.method=entropy --set segment.max_segments=$FINE_SEGMENTS \
-  --force sigma --force mc5 --force mc20 --force loo --force grad
+  --force sigma --force mc5 --force mc20 --force loo --force grad --force progress --force srpo
 for n in $TRUNCATION; do
   run trunc$n --set segment.method=hybrid --set segment.max_segments=$SEGMENTS --set mc5.max_new_tokens=$n --until mc5
 done
@@ -78,7 +78,8 @@ def spearman(a, b):
         return None
     return pearson(ranks(a), ranks(b))
 
-methods = {"sigma": "score_sigma", "mc5": "score_mc k=5", "mc20": "score_mc k=20", "loo": "score_loo (target = rest)", "grad": "score_grad (target = rest)"}
+methods = {"sigma": "score_sigma", "mc5": "score_mc k=5", "mc20": "score_mc k=20", "loo": "score_loo (target = rest)", "grad": "score_grad (target = rest)",
+           "progress": "score_progress (prefill, prover = the policy)"}
 
 def compare(name, segmentation):
     summary = json.load(open(os.path.join(tmp, name + ".json")))
@@ -116,8 +117,15 @@ def compare(name, segmentation):
         "mc5_over_sigma_forward_tokens_ratio": per["mc5"]["forward_tokens_per_trace"] / s["forward_tokens_per_trace"],
         "target_sigma_100x_cheaper_than_mc20_met": per["mc20"]["scoring_s_per_trace"] / s["scoring_s_per_trace"] >= 100,
     }
-    for m in ["sigma", "mc5", "loo", "grad"]:
+    for m in ["sigma", "mc5", "loo", "grad", "progress"]:
         res[f"{m}_spearman_vs_mc"] = per[m]["spearman_vs_mc20_mean"]
+    # SRPO reset (localize + k continuations per trace): cost only, it has no per-segment values.
+    rec = record(summary, "srpo"); c = rec["counters"]
+    per["srpo"] = {"kind": "reset_self k=4, every trace", "traces": c["traces"], "scoring_s_per_trace": rec["metrics"]["scoring_s_per_trace"],
+                   "stage_wall_s": rec["wall_s"], "peak_rss_mb": rec["peak_rss_mb"],
+                   "tokens_generated_per_trace": c["tokens_generated"] / c["traces"],
+                   "forward_sequences_per_trace": c["forward_sequences"] / c["traces"], "forward_tokens_per_trace": c["forward_tokens"] / c["traces"]}
+    res["srpo_over_sigma_cost_ratio"] = per["srpo"]["scoring_s_per_trace"] / s["scoring_s_per_trace"]
     res["per_method"] = per
     return res
 

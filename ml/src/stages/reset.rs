@@ -65,8 +65,9 @@ struct ResetRow {
     continuation_mean_reward: f64,
 }
 
-/// The step SRPO resets to: argmax over t = 1..T of log p(`answer`(t) | `prompt`(question, steps)).
-fn localize(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, tt: &TraceTokens, prompt: &str, answer: &str, batch: usize) -> Result<usize> {
+/// The step SRPO resets to: argmax over t = 1..T of log p(`answer`(t) | `prompt`(question, steps)),
+/// and the token positions that cost.
+fn localize(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, tt: &TraceTokens, prompt: &str, answer: &str, batch: usize) -> Result<(usize, usize)> {
     let mut steps = String::new();
     for (i, &(s, e)) in tt.bounds.iter().enumerate() {
         steps.push_str(&format!("Step {}: {}\n", i + 1, tok.decode(&tt.completion[s..e], true)?.trim()));
@@ -79,7 +80,7 @@ fn localize(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, tt: &TraceTokens,
     let score = |lp: &Vec<f32>| lp.iter().map(|&x| x as f64).sum::<f64>();
     // Ties go to the earliest step: the first error is what SRPO asks for.
     let best = lps.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, lp)| if score(lp) > b.1 { (i, score(lp)) } else { b });
-    Ok(best.0 + 1)
+    Ok((best.0 + 1, pairs.iter().map(|(p, c)| p.len() + c.len()).sum()))
 }
 
 /// A chosen reset: trace index, step t and the prefix (completion tokens before step t).
@@ -117,6 +118,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
     let (model, tok) = load_policy(ctx, "policy")?;
 
+    let t0 = std::time::Instant::now();
+    let mut localize_tokens = 0usize;
     let mut resets = Vec::new();
     let mut progress = ctx.progress(traces.len() as u64, "reset points");
     for (i, tr) in traces.iter().enumerate() {
@@ -129,7 +132,11 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         let steps = tt.bounds.len();
         let step = match mode {
             Mode::Random => ChaCha8Rng::seed_from_u64(row_seed(seed, &tr.seg.prompt_id, tr.seg.sample_idx as usize)).random_range(1..=steps),
-            Mode::Own => localize(&model, &tok, tr, &tt, &loc_prompt, &loc_answer, batch)?,
+            Mode::Own => {
+                let (t, cost) = localize(&model, &tok, tr, &tt, &loc_prompt, &loc_answer, batch)?;
+                localize_tokens += cost;
+                t
+            }
         };
         let upto = tt.bounds[step - 1].0;
         let prefix = tt.completion[..upto].to_vec();
@@ -152,6 +159,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         resets.iter().flat_map(|r| (0..k).map(move |j| (r.context.as_slice(), row_seed(seed, &r.row.id, j)))).collect();
     let gens = sample_seeded(ctx, &model, &tok, &rows, batch, &sampling, "continuations", |i| format!("reset {} continuation {}", resets[i / k].row.id, i % k))?;
 
+    let seconds = t0.elapsed().as_secs_f64();
+    let localize_sequences: usize = if mode == Mode::Own { resets.iter().map(|r| r.steps).sum() } else { 0 };
+    let continuation_tokens: usize = rows.iter().zip(&gens).map(|(r, g)| r.0.len() + g.tokens.len()).sum();
     let mut out_prompts: Vec<PromptRow> = Vec::new();
     let mut out_rollouts: Vec<RolloutRow> = Vec::new();
     if include_original {
@@ -209,6 +219,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("traces", traces.len() as i64);
     ctx.count("resets", resets.len() as i64);
     ctx.count("continuations", (resets.len() * k) as i64);
+    ctx.count("forward_sequences", (localize_sequences + rows.len()) as i64);
+    ctx.count("forward_tokens", (localize_tokens + continuation_tokens) as i64);
+    // Localization + sampling, per trace read (model load and process start excluded).
+    ctx.metric("scoring_s_per_trace", seconds / traces.len().max(1) as f64);
     // Groups with both outcomes: the only ones whose advantages are not all 0.
     ctx.count("reset_groups_mixed", mixed);
     ctx.metric("continuation_mean_reward", cont_reward / resets.len().max(1) as f64);
