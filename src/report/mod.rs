@@ -23,13 +23,13 @@ use plots::{LineChart, Series, PALETTE};
 use table::{Cell, ResultsTable, TableRow};
 
 /// Members of input group `group`: (label, path), in input-name order.
-fn members<'a>(ctx: &'a StageContext, group: &str) -> Vec<(&'a str, &'a Path)> {
+pub(crate) fn members<'a>(ctx: &'a StageContext, group: &str) -> Vec<(&'a str, &'a Path)> {
     let prefix = format!("{group}.");
     ctx.inputs.iter().filter_map(|(n, (_, p))| Some((n.strip_prefix(&prefix)?, p.as_path()))).collect()
 }
 
 /// `instance (key…) sha256 …` of an input: what the provenance section prints.
-fn provenance(ctx: &StageContext, input: &str) -> String {
+pub(crate) fn provenance(ctx: &StageContext, input: &str) -> String {
     let hash = ctx.input_hashes.get(input).map(|h| short(h).to_string()).unwrap_or_default();
     match ctx.input_sources.get(input) {
         Some(InputSource::Instance { key, stage, output }) => format!("{stage}.{output} (instance {}, artifact {hash})", short(key)),
