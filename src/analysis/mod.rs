@@ -28,7 +28,7 @@ use crate::artifact::{read_rows, read_table_columns, write_rows, Schema};
 use crate::engine::StageContext;
 use crate::report::plots::{self, LineChart, Series, PALETTE};
 use crate::report::table::csv_field;
-use crate::report::{members, provenance};
+use crate::report::{figures_section, members, provenance};
 use correlation::CorrelationRow;
 use mc_sd::SdRow;
 use truncation::TruncationRow;
@@ -262,11 +262,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     fig3(ctx, &out, &mut md, &mut figures)?;
     fig7(ctx, &out, &mut md, &mut figures)?;
     if !figures.is_empty() {
-        md += "## Figures\n\n";
-        for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
-            let name = f.file_name().unwrap_or_default().to_string_lossy();
-            let _ = writeln!(md, "![{name}]({name})");
-        }
+        md += &figures_section(&figures);
     }
     md += "\n## Provenance\n\n";
     for g in groups {

@@ -38,6 +38,16 @@ pub(crate) fn provenance(ctx: &StageContext, input: &str) -> String {
     }
 }
 
+/// `## Figures` with a Markdown image link to each PNG of `figures` (files beside results.md).
+pub(crate) fn figures_section(figures: &[PathBuf]) -> String {
+    let mut md = "## Figures\n\n".to_string();
+    for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
+        let _ = writeln!(md, "![{name}]({name})");
+    }
+    md
+}
+
 /// The order of the table's rows: `rows` param if given, else the base row first, then the rest.
 fn row_order(labels: &[&str], wanted: &[String], base: &str) -> Result<Vec<String>> {
     if !wanted.is_empty() {
@@ -266,11 +276,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         figures.extend(plots::line_chart(&out.join(format!("value_curves_{label}")), &chart)?);
     }
     if !figures.is_empty() {
-        md += "\n## Figures\n\n";
-        for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
-            let name = f.file_name().unwrap_or_default().to_string_lossy();
-            let _ = writeln!(md, "![{name}]({name})");
-        }
+        md += "\n";
+        md += &figures_section(&figures);
     }
 
     md += "\n## Provenance\n\nEach row's numbers come from these eval artifacts (`rredcot artifact show KEY` prints one and its run record):\n\n";
