@@ -274,3 +274,105 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("figures", figures.len() as i64);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::{json, Map, Value};
+
+    use super::*;
+
+    /// A context for the `analysis` stage with hand-made inputs `name -> (schema, file)` in `dir`.
+    fn ctx(dir: &Path, inputs: &[(&str, Schema)], params: Value) -> StageContext {
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let mut p: Map<String, Value> = json!({ "title": "T", "reference": "mc", "bins": 2, "sd_threshold": 0.1 }).as_object().unwrap().clone();
+        p.extend(params.as_object().unwrap().clone());
+        StageContext {
+            instance: "analysis".into(),
+            key: "k".into(),
+            params: p,
+            inputs: inputs.iter().map(|(n, s)| (n.to_string(), (*s, dir.join(format!("{n}.parquet"))))).collect(),
+            input_hashes: BTreeMap::new(),
+            input_sources: BTreeMap::new(),
+            outputs: [("report".to_string(), (Schema::Dir, out))].into(),
+            scratch: dir.join("scratch"),
+            cache_dir: dir.join("cache"),
+            counters: BTreeMap::new(),
+            metrics: Map::new(),
+        }
+    }
+
+    fn scores(dir: &Path, name: &str, sigmas: &[(&str, &[f64])]) {
+        let rows: Vec<ScoreRow> = sigmas
+            .iter()
+            .map(|(id, s)| ScoreRow { prompt_id: id.to_string(), sample_idx: 0, r: vec![0.0; s.len() + 1], v: vec![0.0; s.len() + 1], sigma: s.to_vec(), method: "m".into() })
+            .collect();
+        write_rows(&dir.join(format!("{name}.parquet")), Schema::Scores, &rows).unwrap();
+    }
+
+    #[derive(Serialize)]
+    struct Comp {
+        tokens: i32,
+        correct: bool,
+        truncated: bool,
+        lost: bool,
+        max_new_tokens: i32,
+    }
+
+    #[derive(Serialize)]
+    struct Sd {
+        k: i32,
+        sd_bootstrap: f64,
+        sd_binomial: f64,
+        exit_points: i32,
+    }
+
+    #[test]
+    fn every_group_from_hand_made_artifacts() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        scores(d, "scores.mc", &[("a", &[0.1, 0.2, 0.3, 0.4]), ("b", &[0.4, 0.3, 0.2, 0.1])]);
+        scores(d, "scores.same", &[("b", &[0.4, 0.3, 0.2, 0.1]), ("a", &[0.1, 0.2, 0.3, 0.4])]);
+        let comps = |n: i32, lost: usize| (0..4).map(|i| Comp { tokens: n, correct: false, truncated: i < 2, lost: i < lost, max_new_tokens: n }).collect::<Vec<_>>();
+        write_rows(&d.join("completions.short.parquet"), Schema::Table, &comps(16, 2)).unwrap();
+        write_rows(&d.join("completions.long.parquet"), Schema::Table, &comps(8, 1)).unwrap();
+        let sd: Vec<Sd> = [0.3, 0.12, 0.08].iter().enumerate().map(|(i, &s)| Sd { k: i as i32 + 1, sd_bootstrap: s, sd_binomial: s, exit_points: 3 }).collect();
+        write_rows(&d.join("mc_sd.k3.parquet"), Schema::Table, &sd).unwrap();
+        let inputs = [
+            ("scores.mc", Schema::Scores),
+            ("scores.same", Schema::Scores),
+            ("completions.short", Schema::Table),
+            ("completions.long", Schema::Table),
+            ("mc_sd.k3", Schema::Table),
+        ];
+        let mut c = ctx(d, &inputs, json!({}));
+        run(&mut c).unwrap();
+        let out = d.join("out");
+        let md = std::fs::read_to_string(out.join("results.md")).unwrap();
+        assert!(md.contains("| same | mc | per_trace | 0.000 | 1.000 | 1.000 | 1.000 | 2 |"), "{md}");
+        assert!(md.contains("- k3: bootstrap SD < 0.1 from k = 3"), "{md}");
+        // Rows in order of the column max_new_tokens (8 before 16), whatever the labels say.
+        let csv = std::fs::read_to_string(out.join("truncation.csv")).unwrap();
+        assert_eq!(csv.lines().skip(1).map(|l| l.split(',').take(5).collect::<Vec<_>>().join(",")).collect::<Vec<_>>(), vec!["long,8,4,0.5,0.25", "short,16,4,0.5,0.5"]);
+        for f in ["fig4_by_position.png", "fig4_from_right.svg", "fig3_truncation.png", "fig7_mc_sd.png", "correlations.parquet", "mc_sd.csv"] {
+            assert!(out.join(f).is_file(), "{f}");
+        }
+        assert_eq!((c.counters["figures"], c.metrics["k_sd_below.k3"].as_i64()), (8, Some(3)));
+
+        // A method on other traces, a reference that is not wired, no inputs at all.
+        scores(d, "scores.other", &[("a", &[0.5, 0.5]), ("b", &[0.4, 0.3, 0.2, 0.1])]);
+        let e = run(&mut ctx(d, &[("scores.mc", Schema::Scores), ("scores.other", Schema::Scores)], json!({}))).unwrap_err().to_string();
+        assert!(e.contains("`scores.other` row 0") && e.contains("prompt a"), "{e}");
+        let e = run(&mut ctx(d, &[("scores.same", Schema::Scores)], json!({}))).unwrap_err().to_string();
+        assert!(e.contains("no input `scores.mc`") && e.contains("have: same"), "{e}");
+        let e = run(&mut ctx(d, &[], json!({}))).unwrap_err().to_string();
+        assert!(e.contains("stage `analysis`: nothing to analyse"), "{e}");
+        // Only the SD table: the other parts say they were skipped.
+        let mut c = ctx(d, &[("mc_sd.k3", Schema::Table)], json!({ "sd_threshold": 0.05 }));
+        run(&mut c).unwrap();
+        let md = std::fs::read_to_string(d.join("out/results.md")).unwrap();
+        assert!(md.contains("Skipped: no `scores.<method>` inputs") && md.contains("k3: bootstrap SD never below 0.05 (k ≤ 3)"), "{md}");
+    }
+}
