@@ -8,7 +8,9 @@
 //! - `per_trace`: Spearman/Pearson within each trace over its T segments, averaged over the
 //!   traces where it is defined (`n` counts them).
 //!
-//! Window membership is decided in integers, so no segment lands in a window by rounding.
+//! Window membership is decided in integers, so no segment lands in a window by rounding. σ sums to 1
+//! within a trace, so a pooled window mixes the scales of traces of different T; `per_trace` does
+//! not.
 
 use std::collections::BTreeMap;
 
