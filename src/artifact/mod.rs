@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use arrow::datatypes::{DataType, Field};
 
-pub use parquet_io::{read_batches, read_rows, validate_file, write_batch, write_rows, write_table, ArtifactError};
+pub use parquet_io::{read_batches, read_rows, read_table_columns, validate_file, write_batch, write_rows, write_table, ArtifactError};
 
 /// The artifact kinds a stage may declare for an input or output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

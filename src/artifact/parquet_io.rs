@@ -161,6 +161,25 @@ pub fn write_table<T: Serialize + DeserializeOwned>(path: &Path, rows: &[T]) -> 
     write_batch(path, &batch)
 }
 
+/// Read typed rows from the named columns of a `table` artifact (one with no fixed schema, e.g.
+/// `score_mc`'s `completions`): a missing column is an error naming the file and the column; other
+/// columns are ignored.
+pub fn read_table_columns<T: DeserializeOwned>(path: &Path, columns: &[&str]) -> Result<Vec<T>, ArtifactError> {
+    let batch = read_batches(path)?;
+    let mut idx = Vec::with_capacity(columns.len());
+    for c in columns {
+        let i = batch.schema().index_of(c).map_err(|_| ArtifactError::MissingColumn {
+            path: path.to_path_buf(),
+            column: c.to_string(),
+            expected: "a column of the table".into(),
+            schema: Schema::Table,
+        })?;
+        idx.push(i);
+    }
+    let projected = batch.project(&idx).map_err(|e| ArtifactError::Rows { path: path.to_path_buf(), schema: Schema::Table, message: e.to_string() })?;
+    serde_arrow::from_record_batch(&projected).map_err(|e| ArtifactError::Rows { path: path.to_path_buf(), schema: Schema::Table, message: e.to_string() })
+}
+
 /// Read typed rows of `schema` from a Parquet artifact (extra columns are ignored).
 pub fn read_rows<T: DeserializeOwned>(path: &Path, schema: Schema) -> Result<Vec<T>, ArtifactError> {
     let batch = validate_file(path, schema)?;

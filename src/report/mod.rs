@@ -23,19 +23,29 @@ use plots::{LineChart, Series, PALETTE};
 use table::{Cell, ResultsTable, TableRow};
 
 /// Members of input group `group`: (label, path), in input-name order.
-fn members<'a>(ctx: &'a StageContext, group: &str) -> Vec<(&'a str, &'a Path)> {
+pub(crate) fn members<'a>(ctx: &'a StageContext, group: &str) -> Vec<(&'a str, &'a Path)> {
     let prefix = format!("{group}.");
     ctx.inputs.iter().filter_map(|(n, (_, p))| Some((n.strip_prefix(&prefix)?, p.as_path()))).collect()
 }
 
 /// `instance (key…) sha256 …` of an input: what the provenance section prints.
-fn provenance(ctx: &StageContext, input: &str) -> String {
+pub(crate) fn provenance(ctx: &StageContext, input: &str) -> String {
     let hash = ctx.input_hashes.get(input).map(|h| short(h).to_string()).unwrap_or_default();
     match ctx.input_sources.get(input) {
         Some(InputSource::Instance { key, stage, output }) => format!("{stage}.{output} (instance {}, artifact {hash})", short(key)),
         Some(InputSource::File { path }) => format!("file {} (artifact {hash})", path.display()),
         None => format!("artifact {hash}"),
     }
+}
+
+/// `## Figures` with a Markdown image link to each PNG of `figures` (files beside results.md).
+pub(crate) fn figures_section(figures: &[PathBuf]) -> String {
+    let mut md = "## Figures\n\n".to_string();
+    for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
+        let _ = writeln!(md, "![{name}]({name})");
+    }
+    md
 }
 
 /// The order of the table's rows: `rows` param if given, else the base row first, then the rest.
@@ -266,11 +276,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         figures.extend(plots::line_chart(&out.join(format!("value_curves_{label}")), &chart)?);
     }
     if !figures.is_empty() {
-        md += "\n## Figures\n\n";
-        for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
-            let name = f.file_name().unwrap_or_default().to_string_lossy();
-            let _ = writeln!(md, "![{name}]({name})");
-        }
+        md += "\n";
+        md += &figures_section(&figures);
     }
 
     md += "\n## Provenance\n\nEach row's numbers come from these eval artifacts (`rredcot artifact show KEY` prints one and its run record):\n\n";

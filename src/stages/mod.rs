@@ -28,7 +28,7 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "segment", version: "1", needs_ml: false },
     BuiltinInfo { name: "rollout", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_sigma", version: "1", needs_ml: true },
-    BuiltinInfo { name: "score_mc", version: "1", needs_ml: true },
+    BuiltinInfo { name: "score_mc", version: "2", needs_ml: true },
     BuiltinInfo { name: "score_loo", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_grad", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_progress", version: "1", needs_ml: true },
@@ -36,6 +36,7 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "update", version: "1", needs_ml: true },
     BuiltinInfo { name: "eval", version: "1", needs_ml: true },
     BuiltinInfo { name: "report", version: "1", needs_ml: false },
+    BuiltinInfo { name: "analysis", version: "1", needs_ml: false },
     BuiltinInfo { name: "judge", version: "1", needs_ml: false },
     BuiltinInfo { name: "judge_local", version: "1", needs_ml: true },
 ];
@@ -53,6 +54,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
         "filter" => filter::run,
         "segment" => segment::run,
         "report" => crate::report::run,
+        "analysis" => crate::analysis::run,
         "judge" => judge::run,
         _ => return None,
     })

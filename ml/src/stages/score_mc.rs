@@ -13,7 +13,8 @@
 //! point's value (an exit point with every completion lost gets 0, counted).
 //!
 //! Outputs: `scores` (`R` = value_0..value_T, `v` = zeros of the same length, `method = "mc"`),
-//! `completions` (one row per sampled completion: the artifacts the values come from) and `mc_sd`
+//! `completions` (one row per sampled completion, with the `max_new_tokens` it was sampled under:
+//! the artifacts the values come from) and `mc_sd`
 //! (the standard deviation of the value estimate with k' = 1..k completions, bootstrapped from
 //! the k drawn and binomial, averaged over exit points: paper Fig. 7).
 
@@ -54,6 +55,10 @@ pub struct CompletionRow {
     pub truncated: bool,
     /// Truncated without an explicit final answer.
     pub lost: bool,
+    /// The `max_new_tokens` param the completion was sampled under (the truncation length of
+    /// paper Fig. 3; a batch that would run past the context window samples fewer, counted as
+    /// `rows_max_new_tokens_clamped`).
+    pub max_new_tokens: i32,
 }
 
 /// One row of the `mc_sd` output.
@@ -178,6 +183,7 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
             correct,
             truncated,
             lost,
+            max_new_tokens: sampling.max_new_tokens as i32,
         });
     }
 

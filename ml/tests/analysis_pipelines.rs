@@ -1,0 +1,217 @@
+//! The analysis pipelines (`pipelines/analysis-fig3.toml`, `analysis-fig4.toml`,
+//! `analysis-fig7.toml`; issue 9 point 6) at toy scale through the real worker binary. Each
+//! `analysis` table is checked against numbers recomputed here from the scorers' own artifacts
+//! (Spearman/Pearson by a separate implementation, lost fractions recounted from the completions,
+//! the SD table passed through); a rerun is fully cached and a forced rerun of the analysis
+//! reproduces its output hash; `rredcot report --stage analysis` exports it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use rredcot::artifact::rows::ScoreRow;
+use rredcot::artifact::{read_batches, read_rows, Schema};
+use rredcot_ml::stages::score_mc::CompletionRow;
+use serde_json::Value;
+
+mod common;
+use common::{output, record, repo, TINY_ROLLOUT, TINY_WORLD};
+
+/// One-operation problems and a longer SFT (as in `credit_methods.rs`): the tiny policy solves
+/// some, so MC values vary and correlations are defined.
+const EASY: &[&str] = &["taskgen.min_steps=1", "taskgen.max_steps=1", "taskgen.max_value=10", "taskgen.max_operand=5", "sft.steps=300", "segment.max_segments=4"];
+
+fn worker(store: &Path, args: &[&str], sets: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
+    c.arg("--store").arg(store).args(args);
+    for s in TINY_WORLD.iter().chain(TINY_ROLLOUT).chain(EASY).chain(sets) {
+        c.args(["--set", s]);
+    }
+    c.output().unwrap()
+}
+
+fn run_ok(store: &Path, pipeline: &str, sets: &[&str]) -> Value {
+    let p = repo().join(pipeline);
+    let out = worker(store, &["pipeline", "run", p.to_str().unwrap(), "--json"], sets);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn table<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
+    serde_arrow::from_record_batch(&read_batches(path).unwrap()).unwrap()
+}
+
+/// Ranks with ties averaged, Pearson and Spearman: written again here, not the stage's code.
+fn rank(x: &[f64]) -> Vec<f64> {
+    x.iter().map(|v| x.iter().filter(|w| *w < v).count() as f64 + (x.iter().filter(|w| *w == v).count() as f64 + 1.0) / 2.0).collect()
+}
+
+fn pearson(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len() as f64;
+    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
+    let cov: f64 = a.iter().zip(b).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = a.iter().map(|x| (x - ma).powi(2)).sum();
+    let vb: f64 = b.iter().map(|y| (y - mb).powi(2)).sum();
+    if a.len() < 2 || va == 0.0 || vb == 0.0 {
+        f64::NAN
+    } else {
+        cov / (va * vb).sqrt()
+    }
+}
+
+fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    pearson(&rank(a), &rank(b))
+}
+
+fn same(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || (a - b).abs() < 1e-9
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Corr {
+    method: String,
+    reference: String,
+    view: String,
+    pos_lo: f64,
+    spearman: f64,
+    pearson: f64,
+    n: i64,
+}
+
+#[test]
+fn fig4_correlations_match_a_recomputation_and_rerun_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let sets = ["mc5.k=2", "mc5.max_new_tokens=24", "mc20.k=4", "mc20.max_new_tokens=24"];
+    let s = run_ok(&store, "pipelines/analysis-fig4.toml", &sets);
+    let report = output(&store, &s, "analysis", "report");
+    for f in ["results.md", "correlations.csv", "correlations.parquet", "fig4_by_position.png", "fig4_by_position.svg", "fig4_from_right.png", "fig4_from_right.svg"] {
+        assert!(report.join(f).is_file(), "missing {f}");
+    }
+    assert!(!report.join("truncation.csv").exists() && !report.join("mc_sd.csv").exists());
+    let md = std::fs::read_to_string(report.join("results.md")).unwrap();
+    assert!(md.contains("Skipped: no `completions.<label>` inputs") && md.contains("Skipped: no `mc_sd.<label>` inputs"), "{md}");
+
+    let scores = |stage: &str| -> Vec<ScoreRow> { read_rows(&output(&store, &s, stage, "scores"), Schema::Scores).unwrap() };
+    let reference = scores("mc20");
+    let segments: usize = reference.iter().map(|r| r.sigma.len()).sum();
+    let rows: Vec<Corr> = table(&report.join("correlations.parquet"));
+    let mut defined = 0;
+    for method in ["sigma", "mc5", "loo", "grad"] {
+        let mine = scores(method);
+        let of = |view: &str| rows.iter().filter(|r| r.method == method && r.view == view).collect::<Vec<_>>();
+        let (bins, right, per_trace) = (of("bin"), of("from_right"), of("per_trace"));
+        assert_eq!((bins.len(), right.len(), per_trace.len()), (5, 5, 1), "{method}");
+        assert!(rows.iter().all(|r| r.reference == "mc20"));
+        assert_eq!(bins.iter().map(|r| r.n).sum::<i64>(), segments as i64, "{method}: every segment in one bin");
+        // The whole trace (from_right, f = 1) pooled over traces, and the per-trace mean.
+        let (mut a, mut b, mut rhos) = (Vec::new(), Vec::new(), Vec::new());
+        for want in &reference {
+            let got = mine.iter().find(|m| m.prompt_id == want.prompt_id && m.sample_idx == want.sample_idx).unwrap();
+            a.extend(&got.sigma);
+            b.extend(&want.sigma);
+            let rho = spearman(&got.sigma, &want.sigma);
+            if !rho.is_nan() {
+                rhos.push(rho);
+            }
+        }
+        let whole = right.last().unwrap();
+        assert_eq!((whole.pos_lo, whole.n), (0.0, segments as i64));
+        assert!(same(whole.spearman, spearman(&a, &b)) && same(whole.pearson, pearson(&a, &b)), "{method}: {whole:?}");
+        let mean = if rhos.is_empty() { f64::NAN } else { rhos.iter().sum::<f64>() / rhos.len() as f64 };
+        assert!(same(per_trace[0].spearman, mean) && per_trace[0].n == rhos.len() as i64, "{method}: {:?} vs {mean}", per_trace[0]);
+        for r in bins.iter().chain(&right) {
+            assert!(r.spearman.is_nan() || (-1.0..=1.0).contains(&r.spearman), "{r:?}");
+            defined += !r.spearman.is_nan() as usize;
+        }
+    }
+    assert!(defined > 0, "some windows have varying σ on both sides: {rows:?}");
+    let rec = record(&store, &s, "analysis");
+    assert_eq!(rec["counters"]["figures"].as_i64(), Some(4));
+
+    // A rerun is fully cached; a forced rerun of the analysis reproduces its output.
+    let again = run_ok(&store, "pipelines/analysis-fig4.toml", &sets);
+    assert!(again["ran"].as_array().unwrap().is_empty(), "{again}");
+    let p = repo().join("pipelines/analysis-fig4.toml");
+    let out = worker(&store, &["pipeline", "run", p.to_str().unwrap(), "--json", "--force", "analysis"], &sets);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let forced: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(forced["ran"].as_array().unwrap().len(), 1, "{forced}");
+    assert_eq!(record(&store, &forced, "analysis")["outputs"]["report"]["hash"], rec["outputs"]["report"]["hash"], "the analysis is deterministic");
+
+    // `rredcot report --stage analysis` exports it.
+    let export = dir.path().join("fig4");
+    let out = worker(&store, &["report", p.to_str().unwrap(), "--stage", "analysis", "--out", export.to_str().unwrap()], &sets);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("## Fig. 4") && export.join("fig4_from_right.png").is_file());
+
+    // A reference that is not an input is an error naming it.
+    let out = worker(&store, &["pipeline", "run", p.to_str().unwrap()], &[&sets[..], &["analysis.reference=mc50"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("scores.mc50") && err.contains("analysis"), "{err}");
+}
+
+#[derive(Debug, PartialEq, serde::Deserialize)]
+struct Trunc {
+    label: String,
+    max_new_tokens: i32,
+    completions: i64,
+    truncated_fraction: f64,
+    lost_fraction: f64,
+}
+
+#[derive(Debug, PartialEq, serde::Deserialize)]
+struct Sd {
+    k: i32,
+    sd_bootstrap: f64,
+    sd_binomial: f64,
+    exit_points: i32,
+}
+
+#[test]
+fn fig3_truncation_is_recounted_and_fig7_passes_the_sd_table_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    // The labels say t16..t160, the limits set here are 4..48: the table reads the column.
+    let lens = [("t16", 4), ("t32", 8), ("t64", 16), ("t160", 48)];
+    let sets: Vec<String> = lens.iter().flat_map(|(l, n)| [format!("mc_{l}.k=2"), format!("mc_{l}.max_new_tokens={n}")]).collect();
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let s = run_ok(&store, "pipelines/analysis-fig3.toml", &sets);
+    let report = output(&store, &s, "analysis", "report");
+    for f in ["results.md", "truncation.csv", "fig3_truncation.png", "fig3_truncation.svg"] {
+        assert!(report.join(f).is_file(), "missing {f}");
+    }
+    let rows: Vec<Trunc> = table(&report.join("truncation.parquet"));
+    assert_eq!(rows.iter().map(|r| (r.label.as_str(), r.max_new_tokens)).collect::<Vec<_>>(), lens.to_vec());
+    for (r, (label, _)) in rows.iter().zip(lens) {
+        let comps: Vec<CompletionRow> = table(&output(&store, &s, &format!("mc_{label}"), "completions"));
+        let n = comps.len() as f64;
+        assert_eq!(r.completions, comps.len() as i64);
+        assert!(same(r.lost_fraction, comps.iter().filter(|c| c.lost).count() as f64 / n), "{r:?}");
+        assert!(same(r.truncated_fraction, comps.iter().filter(|c| c.truncated).count() as f64 / n), "{r:?}");
+    }
+    // Completion (trace, t, j) has one seed at every length: a longer budget extends it.
+    for w in rows.windows(2) {
+        assert!(w[1].truncated_fraction <= w[0].truncated_fraction && w[1].lost_fraction <= w[0].lost_fraction, "{rows:?}");
+    }
+    assert!(rows[0].lost_fraction > 0.0 && rows[0].truncated_fraction > rows[3].truncated_fraction, "{rows:?}");
+
+    // Fig. 7 in the same store (the front is cached).
+    let s7 = run_ok(&store, "pipelines/analysis-fig7.toml", &["mc20.k=6", "mc20.max_new_tokens=24"]);
+    assert!(!s7["ran"].as_array().unwrap().iter().any(|x| x == "sft"), "the front comes from the cache");
+    let report = output(&store, &s7, "analysis", "report");
+    assert!(report.join("fig7_mc_sd.png").is_file() && report.join("fig7_mc_sd.svg").is_file());
+    let given: Vec<Sd> = table(&output(&store, &s7, "mc20", "mc_sd"));
+    let passed: Vec<Sd> = table(&report.join("mc_sd.parquet"));
+    assert_eq!(passed, given);
+    assert_eq!(given.iter().map(|r| r.k).collect::<Vec<_>>(), (1..=6).collect::<Vec<_>>());
+    let md = std::fs::read_to_string(report.join("results.md")).unwrap();
+    let metric = &record(&store, &s7, "analysis")["metrics"]["k_sd_below.k20"];
+    match given.iter().find(|r| r.sd_bootstrap < 0.1) {
+        Some(r) => {
+            assert_eq!(metric.as_i64(), Some(r.k as i64));
+            assert!(md.contains(&format!("k20: bootstrap SD < 0.1 from k = {}", r.k)), "{md}");
+        }
+        None => assert!(metric.is_null() && md.contains("k20: bootstrap SD never below 0.1"), "{md}"),
+    }
+    assert!(md.contains("Skipped: no `scores.<method>` inputs"), "{md}");
+}

@@ -1,0 +1,216 @@
+//! Paper Fig. 4: how well each credit method's per-segment σ agrees with a reference method's
+//! (the Monte Carlo values) along the trace. Segment t (0-based) of a trace of T segments sits at
+//! position (t + ½) / T, its centre as a fraction of the trace's segments. The pairs
+//! (σ_method, σ_reference) of all traces are pooled per position window and correlated:
+//! - `bin`: `bins` equal windows [i/bins, (i+1)/bins);
+//! - `from_right`: the last fraction f = j/bins of every trace (the paper's x-axis: "percent of
+//!   the trace used from the right"), j = 1..bins;
+//! - `per_trace`: Spearman/Pearson within each trace over its T segments, averaged over the
+//!   traces where it is defined (`n` counts them).
+//!
+//! Window membership is decided in integers, so no segment lands in a window by rounding. σ sums to 1
+//! within a trace, so a pooled window mixes the scales of traces of different T; `per_trace` does
+//! not.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use super::stats::{pearson, spearman};
+use crate::artifact::rows::ScoreRow;
+
+/// One row of the `correlations` table. Undefined coefficients (a window with < 2 pairs, or one
+/// side constant) are NaN.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CorrelationRow {
+    pub method: String,
+    pub reference: String,
+    /// `bin`, `from_right` or `per_trace`.
+    pub view: String,
+    pub pos_lo: f64,
+    pub pos_hi: f64,
+    pub spearman: f64,
+    pub pearson: f64,
+    /// Pairs (segments) pooled, or traces averaged for `per_trace`.
+    pub n: i64,
+}
+
+/// Checks that `rows` (input `member`) scores exactly the reference's traces with the same
+/// segment counts, and returns its σ in the reference's trace order.
+pub fn align<'a>(member: &str, rows: &'a [ScoreRow], reference: &str, refs: &[ScoreRow]) -> Result<Vec<&'a [f64]>> {
+    let mut by_key: BTreeMap<(&str, i32), (usize, &ScoreRow)> = BTreeMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        if let Some((j, _)) = by_key.insert((r.prompt_id.as_str(), r.sample_idx), (i, r)) {
+            bail!("input `{member}` rows {j} and {i}: trace prompt {} sample {} scored twice", r.prompt_id, r.sample_idx);
+        }
+    }
+    let mut out = Vec::with_capacity(refs.len());
+    for (i, want) in refs.iter().enumerate() {
+        let Some((j, got)) = by_key.remove(&(want.prompt_id.as_str(), want.sample_idx)) else {
+            bail!("input `{member}`: no row for trace prompt {} sample {} (row {i} of reference `{reference}`): the methods must score the same traces", want.prompt_id, want.sample_idx);
+        };
+        if got.sigma.len() != want.sigma.len() {
+            bail!(
+                "input `{member}` row {j} (prompt {} sample {}): {} segments, but reference `{reference}` row {i} has {}: the methods must share one segmentation",
+                got.prompt_id,
+                got.sample_idx,
+                got.sigma.len(),
+                want.sigma.len()
+            );
+        }
+        out.push(got.sigma.as_slice());
+    }
+    if let Some((_, (j, extra))) = by_key.into_iter().min_by_key(|(_, (j, _))| *j) {
+        bail!("input `{member}` row {j}: trace prompt {} sample {} is not scored by reference `{reference}`", extra.prompt_id, extra.sample_idx);
+    }
+    Ok(out)
+}
+
+/// The bin (0..bins) of segment t of T: ⌊(t + ½)/T · bins⌋.
+fn bin_of(t: usize, total: usize, bins: usize) -> usize {
+    ((2 * t + 1) * bins / (2 * total)).min(bins - 1)
+}
+
+/// Whether segment t of T lies in the last j/bins of its trace: (t + ½)/T ≥ 1 − j/bins.
+fn in_last(t: usize, total: usize, j: usize, bins: usize) -> bool {
+    (2 * t + 1) * bins >= 2 * total * (bins - j)
+}
+
+fn row(method: &str, reference: &str, view: &str, lo: f64, hi: f64, a: &[f64], b: &[f64]) -> CorrelationRow {
+    CorrelationRow {
+        method: method.into(),
+        reference: reference.into(),
+        view: view.into(),
+        pos_lo: lo,
+        pos_hi: hi,
+        spearman: spearman(a, b).unwrap_or(f64::NAN),
+        pearson: pearson(a, b).unwrap_or(f64::NAN),
+        n: a.len() as i64,
+    }
+}
+
+/// The rows of one method against the reference: `sigma[i]` and `reference_sigma[i]` are trace
+/// i's σ (equal lengths, as `align` checked).
+pub fn correlate(method: &str, reference: &str, sigma: &[&[f64]], reference_sigma: &[&[f64]], bins: usize) -> Vec<CorrelationRow> {
+    assert!(bins > 0, "bins must be positive");
+    let mut binned = vec![(Vec::new(), Vec::new()); bins];
+    let mut right = vec![(Vec::new(), Vec::new()); bins];
+    let (mut rho, mut r) = (Vec::new(), Vec::new());
+    for (m, rf) in sigma.iter().zip(reference_sigma) {
+        let total = rf.len();
+        for t in 0..total {
+            let b = &mut binned[bin_of(t, total, bins)];
+            b.0.push(m[t]);
+            b.1.push(rf[t]);
+            for (j, w) in right.iter_mut().enumerate() {
+                if in_last(t, total, j + 1, bins) {
+                    w.0.push(m[t]);
+                    w.1.push(rf[t]);
+                }
+            }
+        }
+        rho.extend(spearman(m, rf));
+        r.extend(pearson(m, rf));
+    }
+    let f = |i: usize| i as f64 / bins as f64;
+    let mut out: Vec<CorrelationRow> = binned.iter().enumerate().map(|(i, (a, b))| row(method, reference, "bin", f(i), f(i + 1), a, b)).collect();
+    out.extend(right.iter().enumerate().map(|(j, (a, b))| row(method, reference, "from_right", 1.0 - f(j + 1), 1.0, a, b)));
+    let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
+    out.push(CorrelationRow {
+        method: method.into(),
+        reference: reference.into(),
+        view: "per_trace".into(),
+        pos_lo: 0.0,
+        pos_hi: 1.0,
+        spearman: mean(&rho),
+        pearson: mean(&r),
+        n: rho.len() as i64,
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn score(id: &str, sample: i32, sigma: &[f64]) -> ScoreRow {
+        ScoreRow { prompt_id: id.into(), sample_idx: sample, r: vec![], v: vec![], sigma: sigma.to_vec(), method: "m".into() }
+    }
+
+    fn view<'a>(rows: &'a [CorrelationRow], v: &str) -> Vec<&'a CorrelationRow> {
+        rows.iter().filter(|r| r.view == v).collect()
+    }
+
+    #[test]
+    fn segments_fall_in_the_bin_of_their_centre() {
+        // T = 4, 2 bins: centres 1/8, 3/8 | 5/8, 7/8.
+        assert_eq!((0..4).map(|t| bin_of(t, 4, 2)).collect::<Vec<_>>(), vec![0, 0, 1, 1]);
+        // T = 3, 3 bins: one segment each; T = 1: the middle bin.
+        assert_eq!((0..3).map(|t| bin_of(t, 3, 3)).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(bin_of(0, 1, 4), 2);
+        // The last quarter of a trace of 4 is its last segment; the last half, two.
+        assert_eq!((0..4).filter(|&t| in_last(t, 4, 1, 4)).count(), 1);
+        assert_eq!((0..4).filter(|&t| in_last(t, 4, 2, 4)).count(), 2);
+        assert_eq!((0..4).filter(|&t| in_last(t, 4, 4, 4)).count(), 4);
+    }
+
+    #[test]
+    fn identical_reversed_and_constant_sigma() {
+        let reference = [vec![0.1, 0.2, 0.3, 0.4], vec![0.4, 0.1, 0.3, 0.2]];
+        let refs: Vec<&[f64]> = reference.iter().map(|v| v.as_slice()).collect();
+        let same = correlate("same", "mc", &refs, &refs, 2);
+        assert_eq!(same.len(), 2 + 2 + 1);
+        for r in &same {
+            assert!((r.spearman - 1.0).abs() < 1e-12 && (r.pearson - 1.0).abs() < 1e-12, "{r:?}");
+        }
+        assert_eq!(view(&same, "bin").iter().map(|r| r.n).collect::<Vec<_>>(), vec![4, 4]);
+        assert_eq!(view(&same, "from_right").iter().map(|r| (r.pos_lo, r.n)).collect::<Vec<_>>(), vec![(0.5, 4), (0.0, 8)]);
+        assert_eq!(view(&same, "per_trace")[0].n, 2);
+
+        let negated: Vec<Vec<f64>> = reference.iter().map(|v| v.iter().map(|x| -x).collect()).collect();
+        let neg: Vec<&[f64]> = negated.iter().map(|v| v.as_slice()).collect();
+        for r in correlate("rev", "mc", &neg, &refs, 2) {
+            assert!((r.spearman + 1.0).abs() < 1e-12 && (r.pearson + 1.0).abs() < 1e-12, "{r:?}");
+        }
+
+        let flat = [vec![0.25; 4], vec![0.25; 4]];
+        let flat: Vec<&[f64]> = flat.iter().map(|v| v.as_slice()).collect();
+        let rows = correlate("uniform", "mc", &flat, &refs, 2);
+        assert!(rows.iter().all(|r| r.spearman.is_nan() && r.pearson.is_nan()), "{rows:?}");
+        assert_eq!(view(&rows, "per_trace")[0].n, 0, "no trace has a defined correlation");
+        assert_eq!(view(&rows, "bin")[1].n, 4, "undefined windows still count their pairs");
+    }
+
+    #[test]
+    fn pooled_bins_by_hand() {
+        // 2 traces × 4 segments, 2 bins. First halves: method (1,2,3,4) vs reference (1,2,4,3):
+        // ρ = 1 − 6·2/(4·15) = 0.8. Second halves: (1,2,3,4) vs (4,3,2,1): ρ = −1.
+        let m = [vec![1.0, 2.0, 1.0, 2.0], vec![3.0, 4.0, 3.0, 4.0]];
+        let rf = [vec![1.0, 2.0, 2.0, 1.0], vec![4.0, 3.0, 0.0, -1.0]];
+        let m: Vec<&[f64]> = m.iter().map(|v| v.as_slice()).collect();
+        let rf: Vec<&[f64]> = rf.iter().map(|v| v.as_slice()).collect();
+        let rows = correlate("x", "mc", &m, &rf, 2);
+        let bins = view(&rows, "bin");
+        assert!((bins[0].spearman - 0.8).abs() < 1e-12, "{:?}", bins[0]);
+        assert!((bins[1].spearman + 1.0).abs() < 1e-12, "{:?}", bins[1]);
+        let last_half = view(&rows, "from_right")[0];
+        assert_eq!((last_half.pos_lo, last_half.spearman, last_half.n), (0.5, bins[1].spearman, 4), "the last half is the second bin");
+    }
+
+    #[test]
+    fn traces_must_match_the_reference() {
+        let refs = vec![score("p1", 0, &[0.5, 0.5]), score("p2", 1, &[1.0])];
+        let ok = vec![score("p2", 1, &[0.7]), score("p1", 0, &[0.2, 0.8])];
+        assert_eq!(align("scores.loo", &ok, "scores.mc20", &refs).unwrap(), vec![&[0.2, 0.8][..], &[0.7][..]], "reordered to the reference");
+        let err = |rows: Vec<ScoreRow>| align("scores.loo", &rows, "scores.mc20", &refs).unwrap_err().to_string();
+        let e = err(vec![score("p1", 0, &[0.5, 0.5])]);
+        assert!(e.contains("scores.loo") && e.contains("prompt p2 sample 1"), "{e}");
+        let e = err(vec![score("p1", 0, &[1.0]), score("p2", 1, &[1.0])]);
+        assert!(e.contains("`scores.loo` row 0") && e.contains("1 segments") && e.contains("has 2"), "{e}");
+        let e = err(vec![score("p1", 0, &[0.5, 0.5]), score("p2", 1, &[1.0]), score("p3", 0, &[1.0])]);
+        assert!(e.contains("row 2") && e.contains("p3"), "{e}");
+        let e = err(vec![score("p1", 0, &[0.5, 0.5]), score("p1", 0, &[0.5, 0.5])]);
+        assert!(e.contains("scored twice"), "{e}");
+    }
+}
