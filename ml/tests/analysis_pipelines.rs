@@ -96,7 +96,7 @@ fn fig4_correlations_match_a_recomputation_and_rerun_cached() {
     let segments: usize = reference.iter().map(|r| r.sigma.len()).sum();
     let rows: Vec<Corr> = table(&report.join("correlations.parquet"));
     let mut defined = 0;
-    for method in ["sigma", "mc5", "loo", "grad"] {
+    for method in ["sigma", "mc5", "loo", "grad", "progress"] {
         let mine = scores(method);
         let of = |view: &str| rows.iter().filter(|r| r.method == method && r.view == view).collect::<Vec<_>>();
         let (bins, right, per_trace) = (of("bin"), of("from_right"), of("per_trace"));
