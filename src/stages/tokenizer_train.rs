@@ -97,6 +97,12 @@ pub fn load(path: &Path) -> anyhow::Result<Tokenizer> {
     } else {
         path.to_path_buf()
     };
+    if file.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        anyhow::bail!(
+            "{}: a GGUF file keeps its tokenizer in metadata only the model stages read; give this input a directory with the model's tokenizer.json (e.g. an `eval`/`rollout` output checkpoint or the original Hugging Face repo)",
+            file.display()
+        );
+    }
     Tokenizer::from_file(&file)
         .map_err(|e| anyhow!("{}: not a loadable tokenizer: {e}", file.display()))
 }
@@ -236,5 +242,9 @@ mod tests {
         );
         let err = load(&dir.path().join("nope.json")).unwrap_err().to_string();
         assert!(err.contains("nope.json"), "{err}");
+        let gguf = dir.path().join("model.Q4_1.gguf");
+        std::fs::write(&gguf, b"GGUF\x03\x00\x00\x00").unwrap();
+        let err = load(&gguf).unwrap_err().to_string();
+        assert!(err.contains("model.Q4_1.gguf") && err.contains("tokenizer.json"), "{err}");
     }
 }
