@@ -159,13 +159,7 @@ struct Trunc {
     lost_fraction: f64,
 }
 
-#[derive(Debug, PartialEq, serde::Deserialize)]
-struct Sd {
-    k: i32,
-    sd_bootstrap: f64,
-    sd_binomial: f64,
-    exit_points: i32,
-}
+use rredcot::analysis::mc_sd::SdIn as Sd;
 
 #[test]
 fn fig3_truncation_is_recounted_and_fig7_passes_the_sd_table_through() {

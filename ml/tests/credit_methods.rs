@@ -133,13 +133,7 @@ fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
 }
 
-#[derive(serde::Deserialize)]
-struct SdRow {
-    k: i32,
-    sd_bootstrap: f64,
-    sd_binomial: f64,
-    exit_points: i32,
-}
+use rredcot::analysis::mc_sd::SdIn as SdRow;
 
 fn completions(path: &Path) -> Vec<CompletionRow> {
     serde_arrow::from_record_batch(&read_batches(path).unwrap()).unwrap()

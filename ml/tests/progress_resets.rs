@@ -117,18 +117,7 @@ fn progress_values_are_the_provers_and_reduce_to_grpo_without_progress_or_entrop
     assert_eq!(hash(&store, &again, "progress", "scores"), hash(&store, &mc, "progress", "scores"));
 }
 
-#[derive(serde::Deserialize)]
-struct ResetRow {
-    prompt_id: String,
-    sample_idx: i32,
-    reset_id: String,
-    mode: String,
-    reset_step: i32,
-    steps: i32,
-    prefix_tokens: i32,
-    original_reward: f64,
-    continuation_mean_reward: f64,
-}
+use rredcot_ml::stages::reset::ResetRow;
 
 fn resets(path: &Path) -> Vec<ResetRow> {
     serde_arrow::from_record_batch(&read_batches(path).unwrap()).unwrap()

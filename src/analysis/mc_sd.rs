@@ -6,8 +6,8 @@
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-/// One row of `score_mc`'s `mc_sd` table.
-#[derive(Debug, Clone, Deserialize)]
+/// One row of `score_mc`'s `mc_sd` table (`score_mc` writes this type).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SdIn {
     pub k: i32,
     pub sd_bootstrap: f64,

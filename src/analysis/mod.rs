@@ -321,13 +321,7 @@ mod tests {
         max_new_tokens: i32,
     }
 
-    #[derive(Serialize)]
-    struct Sd {
-        k: i32,
-        sd_bootstrap: f64,
-        sd_binomial: f64,
-        exit_points: i32,
-    }
+    use super::mc_sd::SdIn as Sd;
 
     #[test]
     fn every_group_from_hand_made_artifacts() {

@@ -51,18 +51,18 @@ enum Which {
 
 /// One row of the `resets` table.
 #[derive(Debug, Serialize, serde::Deserialize)]
-struct ResetRow {
-    prompt_id: String,
-    sample_idx: i32,
+pub struct ResetRow {
+    pub prompt_id: String,
+    pub sample_idx: i32,
     /// The reset group's prompt id.
-    reset_id: String,
-    mode: String,
+    pub reset_id: String,
+    pub mode: String,
     /// Step t (1-based): the continuations replace u_t..u_T.
-    reset_step: i32,
-    steps: i32,
-    prefix_tokens: i32,
-    original_reward: f64,
-    continuation_mean_reward: f64,
+    pub reset_step: i32,
+    pub steps: i32,
+    pub prefix_tokens: i32,
+    pub original_reward: f64,
+    pub continuation_mean_reward: f64,
 }
 
 /// The step SRPO resets to: argmax over t = 1..T of log p(`answer`(t) | `prompt`(question, steps)),

@@ -21,6 +21,7 @@
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rredcot::analysis::mc_sd::SdIn;
 use rredcot::artifact::{write_rows, Schema};
 use rredcot::credit::sigma::Normalize;
 use rredcot::engine::StageContext;
@@ -61,15 +62,6 @@ pub struct CompletionRow {
     pub max_new_tokens: i32,
 }
 
-/// One row of the `mc_sd` output.
-#[derive(Serialize)]
-struct SdRow {
-    k: i32,
-    sd_bootstrap: f64,
-    sd_binomial: f64,
-    exit_points: i32,
-}
-
 /// Seed of completion `j` from exit point `t` of trace (prompt, sample).
 fn completion_seed(seed: u64, prompt_id: &str, sample_idx: i32, t: usize, j: usize) -> u64 {
     row_seed(seed, &format!("{prompt_id}\u{0}{sample_idx}\u{0}{t}"), j)
@@ -83,7 +75,7 @@ fn has_final_answer(response: &str) -> bool {
 
 /// SD of the mean of k' draws (k' = 1..k) from each exit point's outcomes, averaged over exit
 /// points: bootstrapped (`reps` resamples with replacement, seeded) and binomial √(p̂(1−p̂)/k').
-fn sd_by_k(outcomes: &[Vec<bool>], k: usize, reps: usize, seed: u64) -> Vec<SdRow> {
+fn sd_by_k(outcomes: &[Vec<bool>], k: usize, reps: usize, seed: u64) -> Vec<SdIn> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let used: Vec<&Vec<bool>> = outcomes.iter().filter(|o| !o.is_empty()).collect();
     let m = used.len().max(1) as f64;
@@ -99,7 +91,7 @@ fn sd_by_k(outcomes: &[Vec<bool>], k: usize, reps: usize, seed: u64) -> Vec<SdRo
                 let mu = means.iter().sum::<f64>() / reps.max(1) as f64;
                 boot += (means.iter().map(|x| (x - mu).powi(2)).sum::<f64>() / reps.max(1) as f64).sqrt();
             }
-            SdRow { k: kk as i32, sd_bootstrap: boot / m, sd_binomial: binom / m, exit_points: used.len() as i32 }
+            SdIn { k: kk as i32, sd_bootstrap: boot / m, sd_binomial: binom / m, exit_points: used.len() as i32 }
         })
         .collect()
 }
