@@ -17,7 +17,7 @@
 //! continuation as the completion. Outputs: `prompts` and `rollouts` (the originals, then the reset
 //! groups; `include_original = false` keeps only the resets) and a `resets` table.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
@@ -165,10 +165,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let mut out_prompts: Vec<PromptRow> = Vec::new();
     let mut out_rollouts: Vec<RolloutRow> = Vec::new();
     if include_original {
-        let used: HashMap<&str, ()> = traces.iter().map(|t| (t.prompt.id.as_str(), ())).collect();
-        let mut seen = HashMap::new();
+        // Each prompt the traces use, once, in first-use order.
+        let mut seen = HashSet::new();
         for t in &traces {
-            if used.contains_key(t.prompt.id.as_str()) && seen.insert(t.prompt.id.as_str(), ()).is_none() {
+            if seen.insert(t.prompt.id.as_str()) {
                 out_prompts.push(t.prompt.clone());
             }
             out_rollouts.push(t.rollout.clone());

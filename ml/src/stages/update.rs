@@ -168,7 +168,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if !(0.0..=1.0).contains(&entropy_mix) || !progress_coef.is_finite() {
         bail!("stage `{}`: entropy_mix = {entropy_mix} must be in [0, 1] and progress_coef finite", ctx.instance);
     }
-    let sigma_of: HashMap<(String, i32), (ScoreRow, SegmentRow)> = if credit_kind != Credit::Uniform {
+    let scores_of: HashMap<(String, i32), (ScoreRow, SegmentRow)> = if credit_kind != Credit::Uniform {
         let scores: Vec<ScoreRow> = read_rows(ctx.input("scores")?, Schema::Scores)?;
         let segs: Vec<SegmentRow> = read_rows(ctx.input("segments")?, Schema::Segments)?;
         let mut by: HashMap<(String, i32), SegmentRow> = segs.into_iter().map(|s| ((s.prompt_id.clone(), s.sample_idx), s)).collect();
@@ -216,7 +216,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             bail!("{}: token id {bad} outside the policy's vocabulary ({}): rollouts and checkpoint disagree", at(), model.cfg.vocab_size);
         }
         let scored = || -> Result<(&ScoreRow, Vec<usize>)> {
-            let (sc, sg) = sigma_of
+            let (sc, sg) = scores_of
                 .get(&(r.prompt_id.clone(), r.sample_idx))
                 .with_context(|| format!("{}: no score/segments row for this rollout", at()))?;
             // A malformed segments row is an error here, not a panic in token_weights.
