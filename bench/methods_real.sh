@@ -14,7 +14,7 @@ VENV=${RREDCOT_VENV:-$PWD/.venv}
 PY=$VENV/bin/python
 STORE=${STORE:-$PWD/.rredcot/store}
 TRACES=${TRACES:-2}
-SEGMENTS=${SEGMENTS:-8}
+SEGMENTS=${SEGMENTS:-16}
 MAX_NEW=${MAX_NEW:-192}
 export LIBTORCH_USE_PYTORCH=1 PATH=$VENV/bin:$PATH
 export LD_LIBRARY_PATH=$($PY -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):${LD_LIBRARY_PATH:-}
