@@ -132,6 +132,19 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
         }
     }
 
+    // Rows shared between traces are scored once: the same values, fewer positions run. Each
+    // group (2 samples of one prompt) shares at least its prompt-end cut (2 targets).
+    let all_rows = run_ok(&store, &["score.dedupe_rows=false"]);
+    let (shared, every) = (record(&store, &first, "score"), record(&store, &all_rows, "score"));
+    assert!(shared["counters"]["rows_reused"].as_i64().unwrap() >= 3 * 2, "{shared}");
+    assert_eq!(every["counters"]["rows_reused"].as_i64(), Some(0));
+    assert!(shared["counters"]["forward_tokens"].as_i64() < every["counters"]["forward_tokens"].as_i64());
+    for (a, b) in sc.iter().zip(scores(&store, &all_rows)) {
+        for (x, y) in a.r.iter().chain(&a.v).zip(b.r.iter().chain(&b.v)) {
+            assert!((x - y).abs() < 1e-4, "shared rows {x} vs every row {y}");
+        }
+    }
+
     // normalize = none: Σσ telescopes to (R_T − R_0) + (v_T − v_0) (return equivalence).
     let none = run_ok(&store, &["score.normalize=none"]);
     for row in scores(&store, &none) {

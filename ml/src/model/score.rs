@@ -7,6 +7,8 @@
 //!   attending to the trace keys before its cut (a block mask) and causally to its own target.
 //! - [`score_cuts_naive`]: the test oracle, one full prefill per (cut, target).
 
+use std::collections::HashMap;
+
 use tch::{Device, Kind, Tensor};
 
 use super::decoder::{causal_bias, DecoderLm, MASKED};
@@ -15,6 +17,10 @@ use super::layers::AttnMask;
 
 /// Most (row × token) positions whose logits are materialised at once.
 const LOGIT_ROWS: i64 = 1024;
+
+/// Padding cells a chunk of target rows may carry beyond a quarter of its real ones (a few
+/// padded cells cost less than another forward call).
+const PAD_SLACK: i64 = 8;
 
 fn non_finite_check(t: &Tensor, row: usize) -> Result<()> {
     if t.isfinite().all().int64_value(&[]) == 0 {
@@ -146,6 +152,112 @@ pub struct CutRequest<'a> {
     pub targets: &'a [Vec<i64>],
 }
 
+/// Rows that several requests share. A row is (prefix `trace[..cut]`, target); two rows with the
+/// same prefix tokens and target tokens have the same log-probability, so only the first is
+/// scored. In a GRPO group every trace's cut at the prompt end is the same row, and samples that
+/// begin alike share their early cuts too (exact token equality, no hashing).
+#[derive(Debug)]
+pub struct SharedRows {
+    /// Per request, the cut positions it scores itself (the first occurrence of at least one of
+    /// its rows), ascending; empty when all its rows were scored by earlier requests.
+    own_cuts: Vec<Vec<usize>>,
+    /// Per request, cut index and target: (request, index into its `own_cuts`, target) that
+    /// scores the row.
+    source: Vec<Vec<Vec<(usize, usize, usize)>>>,
+    reused: usize,
+}
+
+impl SharedRows {
+    /// Finds the first occurrence of every row, in request order.
+    pub fn find(reqs: &[CutRequest]) -> Self {
+        let mut first: HashMap<(&[i64], &[i64]), (usize, usize, usize)> = HashMap::new();
+        let mut owner = Vec::with_capacity(reqs.len());
+        let mut reused = 0;
+        for (r, q) in reqs.iter().enumerate() {
+            let rows: Vec<Vec<(usize, usize, usize)>> = q
+                .cuts
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| {
+                    q.targets
+                        .iter()
+                        .enumerate()
+                        .map(|(j, t)| {
+                            let at = *first.entry((&q.trace[..c], t.as_slice())).or_insert((r, i, j));
+                            reused += (at.0 != r || at.1 != i) as usize;
+                            at
+                        })
+                        .collect()
+                })
+                .collect();
+            owner.push(rows);
+        }
+        // Cut indices → positions among the owning request's own cuts.
+        let own_idx: Vec<Vec<usize>> = owner
+            .iter()
+            .enumerate()
+            .map(|(r, rows)| (0..rows.len()).filter(|&i| rows[i].iter().any(|&(sr, si, _)| (sr, si) == (r, i))).collect())
+            .collect();
+        let source = owner
+            .iter()
+            .map(|rows| {
+                rows.iter()
+                    .map(|row| {
+                        row.iter()
+                            .map(|&(sr, si, sj)| (sr, own_idx[sr].binary_search(&si).expect("an owned cut"), sj))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let own_cuts = own_idx.iter().zip(reqs).map(|(idx, q)| idx.iter().map(|&i| q.cuts[i]).collect()).collect();
+        SharedRows { own_cuts, source, reused }
+    }
+
+    /// No sharing: every request scores all its rows.
+    pub fn none(reqs: &[CutRequest]) -> Self {
+        SharedRows {
+            own_cuts: reqs.iter().map(|q| q.cuts.to_vec()).collect(),
+            source: reqs
+                .iter()
+                .enumerate()
+                .map(|(r, q)| (0..q.cuts.len()).map(|i| (0..q.targets.len()).map(|j| (r, i, j)).collect()).collect())
+                .collect(),
+            reused: 0,
+        }
+    }
+
+    /// What request `r` still has to score: its own cuts, on its trace up to the last of them
+    /// (later tokens are seen by no row). `None` when every row of it is scored elsewhere.
+    pub fn request<'a>(&'a self, r: usize, q: &CutRequest<'a>) -> Option<CutRequest<'a>> {
+        let cuts = &self.own_cuts[r];
+        let last = *cuts.last()?;
+        Some(CutRequest { trace: &q.trace[..last], cuts, targets: q.targets })
+    }
+
+    /// Rows not scored because an earlier row equals them.
+    pub fn reused_rows(&self) -> usize {
+        self.reused
+    }
+
+    /// Every request's `values[cut][target]` from the scores of the reduced requests
+    /// (`scored[r]` for [`Self::request`]`(r)`, `None` where that was `None`).
+    pub fn expand(&self, scored: &[Option<Vec<Vec<f64>>>]) -> Vec<Vec<Vec<f64>>> {
+        self.source
+            .iter()
+            .map(|rows| {
+                rows.iter()
+                    .map(|row| {
+                        row.iter()
+                            .map(|&(r, i, j)| scored[r].as_ref().expect("the owning request was scored")[i][j])
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
 /// [`score_cuts`] for several traces in one pass (`out[r][i][j]` for request r): the traces are
 /// prefilled as one right-padded batch, their keys/values packed end to end into one shared
 /// prefix, and every (trace, cut, target) row masks all keys but its own trace's before its cut.
@@ -206,22 +318,26 @@ pub fn score_cuts_many(model: &DecoderLm, reqs: &[CutRequest]) -> Result<Vec<Vec
             .collect();
         rows.sort_by_key(|&(r, _, j)| reqs[r].targets[j].len());
         let keys = Tensor::arange(total, (Kind::Int64, dev)).view([1, 1, 1, total]);
+        let own_len = |&(r, _, j): &(usize, usize, usize)| reqs[r].targets[j].len() as i64 - 1;
         let mut start = 0;
         while start < rows.len() {
-            // Rows sorted by length: the chunk's last row is its longest.
+            // Rows sorted by length: the chunk's last row is its longest and every row is padded
+            // to it. A chunk ends at LOGIT_ROWS cells, or before padding would pass a quarter of
+            // its real cells (short y* rows are not padded to the length of u* rows).
             let mut end = start + 1;
+            let mut real = own_len(&rows[start]);
             while end < rows.len() {
-                let (r, _, j) = rows[end];
-                let own = reqs[r].targets[j].len() as i64 - 1;
-                if (end - start + 1) as i64 * own > LOGIT_ROWS {
+                let own = own_len(&rows[end]);
+                let cells = (end - start + 1) as i64 * own;
+                if cells > LOGIT_ROWS || cells > (real + own) + (real + own) / 4 + PAD_SLACK {
                     break;
                 }
+                real += own;
                 end += 1;
             }
             let chunk = &rows[start..end];
             start = end;
-            let (lr, _, lj) = chunk[chunk.len() - 1];
-            let own = reqs[lr].targets[lj].len() as i64 - 1;
+            let own = own_len(&chunk[chunk.len() - 1]);
             let m = chunk.len() as i64;
             let cells = (m * own) as usize;
             let (mut inp, mut tgt, mut valid, mut positions) = (vec![0i64; cells], vec![0i64; cells], vec![0f64; cells], vec![0i64; cells]);
@@ -421,6 +537,44 @@ pub(crate) mod tests {
             let solo = score_cuts(&m, &traces[2], &cuts[2], &targets[2]).unwrap();
             assert!(solo.iter().flatten().zip(packed[2].iter().flatten()).all(|(a, b)| (a - b).abs() <= 1e-4));
         }
+    }
+
+    #[test]
+    fn shared_rows_are_scored_once_and_expand_to_every_trace() {
+        let m = tiny_model(Arch::Qwen2, 21);
+        let prompt = rand_ids(12, 61, 1);
+        let other_prompt = rand_ids(9, 61, 2);
+        let (a_tail, c_tail) = (rand_ids(20, 61, 3), rand_ids(8, 61, 4));
+        let a: Vec<i64> = prompt.iter().chain(&a_tail).copied().collect();
+        // c: the same prompt and first 10 completion tokens as a, then its own.
+        let c: Vec<i64> = prompt.iter().chain(&a_tail[..10]).chain(&c_tail).copied().collect();
+        let d: Vec<i64> = other_prompt.iter().chain(&c_tail).copied().collect();
+        let traces = [a.clone(), a.clone(), c, d];
+        let cuts: [Vec<usize>; 4] = [vec![12, 22, 32], vec![12, 22, 32], vec![12, 22, 26, 30], vec![9, 17]];
+        let (y, u) = (rand_ids(3, 61, 5), rand_ids(7, 61, 6));
+        let targets = vec![y, u];
+        let reqs: Vec<CutRequest> = (0..4).map(|r| CutRequest { trace: &traces[r], cuts: &cuts[r], targets: &targets }).collect();
+        let shared = SharedRows::find(&reqs);
+        // b repeats a (3 cuts x 2 targets); c's first two cuts repeat a's: 10 rows reused.
+        assert_eq!(shared.reused_rows(), 10);
+        assert!(shared.request(1, &reqs[1]).is_none());
+        let rc = shared.request(2, &reqs[2]).unwrap();
+        assert_eq!((rc.cuts, rc.trace.len()), (&[26usize, 30][..], 30));
+        let reduced: Vec<Option<CutRequest>> = reqs.iter().enumerate().map(|(r, q)| shared.request(r, q)).collect();
+        let scored: Vec<Option<Vec<Vec<f64>>>> =
+            reduced.iter().map(|q| q.map(|q| score_cuts(&m, q.trace, q.cuts, q.targets).unwrap())).collect();
+        let values = shared.expand(&scored);
+        for r in 0..4 {
+            let alone = score_cuts_naive(&m, &traces[r], &cuts[r], &targets).unwrap();
+            assert_eq!(values[r].len(), alone.len());
+            for (x, want) in values[r].iter().flatten().zip(alone.iter().flatten()) {
+                assert!((x - want).abs() <= 1e-4, "trace {r}: {x} vs {want}");
+            }
+        }
+        // No sharing: every row scored by its own request.
+        let none = SharedRows::none(&reqs);
+        assert_eq!(none.reused_rows(), 0);
+        assert_eq!(none.request(1, &reqs[1]).unwrap().cuts, &cuts[1][..]);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::engine::StageContext;
 
 use super::{encode_prompt, load_policy, set_threads};
-use crate::model::{score_cuts_many, score_cuts_naive, CutRequest, DecoderLm, Tokenizer};
+use crate::model::{score_cuts_many, score_cuts_naive, CutRequest, DecoderLm, SharedRows, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -76,9 +76,6 @@ struct Scored {
     trace_truncated: bool,
     fell_back: bool,
     missing: bool,
-    /// Model cost: (sequences, token positions) run (kv_shared: the trace once, then every
-    /// (cut, target) row on its shared prefix; naive: one prefill per (cut, target)).
-    cost: (usize, usize),
 }
 
 /// A trace ready to score: its token ids, cut points and targets (y* and/or u*).
@@ -123,7 +120,6 @@ fn prepare(
         trace_truncated: false,
         fell_back: false,
         missing,
-        cost: (0, 0),
     };
     let answer = match s.answer_source {
         AnswerSource::Reference => prompt.answer.as_deref(),
@@ -215,21 +211,23 @@ fn finish(q: Request, values: &[Vec<f64>], s: &Settings) -> Scored {
         trace_truncated: q.trace_truncated,
         fell_back,
         missing: false,
-        cost: match s.scorer {
-            Scorer::KvShared => (1 + q.cuts.len() * q.targets.len(), q.trace.len() + q.cuts.len() * q.targets.iter().map(Vec::len).sum::<usize>()),
-            Scorer::Naive => (q.cuts.len() * q.targets.len(), q.cuts.iter().flat_map(|c| q.targets.iter().map(move |t| c + t.len())).sum()),
-        },
+    }
+}
+
+/// Model cost of scoring `q`: (sequences, token positions) run. kv_shared: the trace once, then
+/// every (cut, target) row on its shared prefix; naive: one prefill per (cut, target).
+fn cost(q: &CutRequest, scorer: Scorer) -> (usize, usize) {
+    match scorer {
+        Scorer::KvShared => (1 + q.cuts.len() * q.targets.len(), q.trace.len() + q.cuts.len() * q.targets.iter().map(Vec::len).sum::<usize>()),
+        Scorer::Naive => (q.cuts.len() * q.targets.len(), q.cuts.iter().flat_map(|c| q.targets.iter().map(move |t| c + t.len())).sum()),
     }
 }
 
 /// Scores a pack of traces: in one packed pass (`kv_shared`) or one by one with the oracle.
-fn score_pack(model: &DecoderLm, pack: &[&Request], scorer: Scorer) -> Result<Vec<Vec<Vec<f64>>>> {
+fn score_pack(model: &DecoderLm, pack: &[CutRequest], scorer: Scorer) -> Result<Vec<Vec<Vec<f64>>>> {
     Ok(match scorer {
-        Scorer::KvShared => {
-            let reqs: Vec<CutRequest> = pack.iter().map(|q| CutRequest { trace: &q.trace, cuts: &q.cuts, targets: &q.targets }).collect();
-            score_cuts_many(model, &reqs)?
-        }
-        Scorer::Naive => pack.iter().map(|q| score_cuts_naive(model, &q.trace, &q.cuts, &q.targets)).collect::<std::result::Result<_, _>>()?,
+        Scorer::KvShared => score_cuts_many(model, pack)?,
+        Scorer::Naive => pack.iter().map(|q| score_cuts_naive(model, q.trace, q.cuts, q.targets)).collect::<std::result::Result<_, _>>()?,
     })
 }
 
@@ -245,6 +243,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         scorer: ctx.param("scorer")?,
     };
     let pack_tokens: usize = ctx.param("pack_tokens")?;
+    let dedupe: bool = ctx.param("dedupe_rows")?;
     if !s.answer_template.contains("{answer}") {
         bail!("stage `{}`: answer_template must contain {{answer}}", ctx.instance);
     }
@@ -270,42 +269,61 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             .with_context(|| format!("{}: prompt not in the wired prompts", at()))?;
         prepared.push(prepare(&model, &tok, &s, prompt, rollout, seg).with_context(at)?);
     }
-    // 2. Packs of traces up to `pack_tokens` tokens together, scored in one pass each.
+    // 2. Rows shared between traces (the prompt-end cut of a group, samples that begin alike)
+    //    are scored once; each trace keeps only the cuts it scores itself.
+    let to_score: Vec<usize> = (0..prepared.len()).filter(|&i| matches!(prepared[i], Prepared::Score(_))).collect();
+    let requests: Vec<CutRequest> = to_score
+        .iter()
+        .map(|&i| match &prepared[i] {
+            Prepared::Score(q) => CutRequest { trace: &q.trace, cuts: &q.cuts, targets: &q.targets },
+            Prepared::Done(_) => unreachable!("only traces to score"),
+        })
+        .collect();
+    let shared = if dedupe { SharedRows::find(&requests) } else { SharedRows::none(&requests) };
+    let reduced: Vec<Option<CutRequest>> = requests.iter().enumerate().map(|(r, q)| shared.request(r, q)).collect();
+    // 3. Packs of traces up to `pack_tokens` tokens together, scored in one pass each.
     let mut packs: Vec<Vec<usize>> = Vec::new();
     let mut in_pack = 0usize;
-    for (i, p) in prepared.iter().enumerate() {
-        if let Prepared::Score(q) = p {
+    for (r, q) in reduced.iter().enumerate() {
+        if let Some(q) = q {
             if packs.is_empty() || (in_pack + q.trace.len() > pack_tokens && in_pack > 0) {
                 packs.push(Vec::new());
                 in_pack = 0;
             }
-            packs.last_mut().expect("a pack").push(i);
+            packs.last_mut().expect("a pack").push(r);
             in_pack += q.trace.len();
         }
     }
-    let mut values: Vec<Option<Vec<Vec<f64>>>> = vec![None; prepared.len()];
+    let mut scored: Vec<Option<Vec<Vec<f64>>>> = vec![None; reduced.len()];
+    let (mut sequences, mut positions) = (0usize, 0usize);
     let t0 = Instant::now();
     let mut progress = ctx.progress(segments.len() as u64, "sigma");
-    let mut done = prepared.iter().filter(|p| matches!(p, Prepared::Done(_))).count();
+    let mut done = prepared.len() - requests.len() + reduced.iter().filter(|q| q.is_none()).count();
     for pack in &packs {
-        let reqs: Vec<&Request> = pack.iter().map(|&i| match &prepared[i] {
-            Prepared::Score(q) => q,
-            Prepared::Done(_) => unreachable!("packs hold traces to score"),
-        }).collect();
-        let scored = score_pack(&model, &reqs, s.scorer).with_context(|| {
-            format!("{}: scoring rows {} .. {}", segments_path.display(), pack[0], pack[pack.len() - 1])
+        let reqs: Vec<CutRequest> = pack.iter().map(|&r| reduced[r].expect("packs hold traces to score")).collect();
+        for q in &reqs {
+            let (n, p) = cost(q, s.scorer);
+            sequences += n;
+            positions += p;
+        }
+        let values = score_pack(&model, &reqs, s.scorer).with_context(|| {
+            format!("{}: scoring rows {} .. {}", segments_path.display(), to_score[pack[0]], to_score[pack[pack.len() - 1]])
         })?;
-        for (&i, v) in pack.iter().zip(scored) {
-            values[i] = Some(v);
+        for (&r, v) in pack.iter().zip(values) {
+            scored[r] = Some(v);
         }
         done += pack.len();
         let rate = done as f64 / t0.elapsed().as_secs_f64().max(1e-9);
         progress.set(done as u64, &format!("sigma {rate:.1} traces/s"));
     }
-    // 3. σ per trace, in row order.
+    let mut values: Vec<Option<Vec<Vec<f64>>>> = vec![None; prepared.len()];
+    for (&i, v) in to_score.iter().zip(shared.expand(&scored)) {
+        values[i] = Some(v);
+    }
+    let reused = shared.reused_rows();
+    // 4. σ per trace, in row order.
     let mut out = Vec::with_capacity(segments.len());
     let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64, 0i64);
-    let (mut sequences, mut positions) = (0usize, 0usize);
     let mut sigma_entropy = 0.0;
     for (i, (p, v)) in prepared.into_iter().zip(values).enumerate() {
         let scored = match (p, v) {
@@ -321,8 +339,6 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         trace_trunc += scored.trace_truncated as i64;
         fell_back += scored.fell_back as i64;
         missing += scored.missing as i64;
-        sequences += scored.cost.0;
-        positions += scored.cost.1;
         segs += scored.row.sigma.len() as i64;
         if s.normalize != Normalize::None {
             sigma_entropy += sigma::entropy(&scored.row.sigma);
@@ -340,6 +356,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("tokens_generated", 0);
     ctx.count("forward_sequences", sequences as i64);
     ctx.count("forward_tokens", positions as i64);
+    ctx.count("rows_reused", reused as i64);
     ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / n);
     if s.normalize != Normalize::None {
         ctx.metric("mean_sigma_entropy", sigma_entropy / n);
