@@ -214,6 +214,13 @@ impl KvCache {
         self.len() == 0
     }
 
+    /// Keeps the first `len` cached tokens of every row (later appends overwrite the rest).
+    pub fn truncate(&mut self, len: i64) {
+        for l in &mut self.layers {
+            l.len = l.len.min(len);
+        }
+    }
+
     /// Rows in the cache.
     pub fn batch(&self) -> i64 {
         self.layers.first().map_or(0, |l| l.k.size()[0])

@@ -30,7 +30,10 @@ pub use decoder::DecoderLm;
 pub use error::{ModelError, Result};
 pub use generate::{generate, FinishReason, Generation, SamplingParams};
 pub use layers::KvCache;
-pub use score::{embedding_grad_l1, logprob, score_cuts, score_cuts_many, score_cuts_naive, CutRequest, SharedRows};
+pub use score::{
+    embedding_grad_l1, logprob, score_cuts, score_cuts_many, score_cuts_naive, score_cuts_reusing, CutRequest, PrefixReuse,
+    SharedRows,
+};
 pub use tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Where to run. `Auto` = CUDA device 0 if libtorch sees one, else CPU.

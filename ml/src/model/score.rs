@@ -13,7 +13,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::decoder::{causal_bias, DecoderLm, MASKED};
 use super::error::{ModelError, Result};
-use super::layers::AttnMask;
+use super::layers::{AttnMask, KvCache};
 
 /// Most (row × token) positions whose logits are materialised at once.
 const LOGIT_ROWS: i64 = 1024;
@@ -264,6 +264,33 @@ impl SharedRows {
 /// Fewer, larger forward calls: what makes scoring cheap for small models, where per-call
 /// overhead dominates. Callers bound the packed length (attention to the prefix grows with it).
 pub fn score_cuts_many(model: &DecoderLm, reqs: &[CutRequest]) -> Result<Vec<Vec<Vec<f64>>>> {
+    score_cuts_reusing(model, reqs, &mut None)
+}
+
+/// The last single trace [`score_cuts_reusing`] scored: its tokens, keys/values and final hidden
+/// states. The next trace (in row order, the next sample of the same group) runs only the tokens
+/// after the prefix the two share: the prompt at least.
+pub struct PrefixReuse {
+    tokens: Vec<i64>,
+    cache: KvCache,
+    hidden: Tensor,
+}
+
+impl PrefixReuse {
+    /// Leading tokens of `trace` whose keys/values are reused (all but at least its last token).
+    pub fn shared_with(&self, trace: &[i64]) -> usize {
+        self.tokens.iter().zip(trace).take_while(|(a, b)| a == b).count().min(trace.len().saturating_sub(1))
+    }
+}
+
+/// [`score_cuts_many`], reusing `reuse` (see [`PrefixReuse`]) when `reqs` is one trace and
+/// leaving that trace in it for the next call. Several traces in one call are prefilled as a
+/// batch, without reuse.
+pub fn score_cuts_reusing(
+    model: &DecoderLm,
+    reqs: &[CutRequest],
+    reuse: &mut Option<PrefixReuse>,
+) -> Result<Vec<Vec<Vec<f64>>>> {
     for r in reqs {
         validate_cuts(model, r.trace, r.cuts, r.targets)?;
     }
@@ -278,15 +305,21 @@ pub fn score_cuts_many(model: &DecoderLm, reqs: &[CutRequest]) -> Result<Vec<Vec
     let offsets: Vec<i64> = lens.iter().scan(0, |acc, &n| { let o = *acc; *acc += n; Some(o) }).collect();
     let total: i64 = lens.iter().sum();
     tch::no_grad(|| -> Result<Vec<Vec<Vec<f64>>>> {
-        // 1. All traces once (right padding: a real token never attends to a later pad).
-        let mut cache = model.new_cache(b, n_max);
-        let mut ids = vec![0i64; (b * n_max) as usize];
-        for (r, q) in reqs.iter().enumerate() {
-            ids[r * n_max as usize..][..q.trace.len()].copy_from_slice(q.trace);
-        }
-        let ids = Tensor::from_slice(&ids).view([b, n_max]).to_device(dev);
-        let pos = Tensor::arange(n_max, (Kind::Int64, dev)).view([1, n_max]).repeat([b, 1]);
-        let h = model.hidden(&ids, &pos, &AttnMask::Causal, Some(&mut cache));
+        // 1. All traces once (right padding: a real token never attends to a later pad); one
+        //    trace after the last one only from where the two differ.
+        let (h, cache) = match (reqs, reuse.take()) {
+            ([q], Some(prev)) => prefill_after_shared_prefix(model, q.trace, prev),
+            _ => {
+                let mut cache = model.new_cache(b, n_max);
+                let mut ids = vec![0i64; (b * n_max) as usize];
+                for (r, q) in reqs.iter().enumerate() {
+                    ids[r * n_max as usize..][..q.trace.len()].copy_from_slice(q.trace);
+                }
+                let ids = Tensor::from_slice(&ids).view([b, n_max]).to_device(dev);
+                let pos = Tensor::arange(n_max, (Kind::Int64, dev)).view([1, n_max]).repeat([b, 1]);
+                (model.hidden(&ids, &pos, &AttnMask::Causal, Some(&mut cache)), cache)
+            }
+        };
         let d = h.size()[2];
         // 2. First target token of every (trace, cut, target) from the hidden state at cut - 1.
         let last: Vec<i64> = reqs
@@ -376,8 +409,32 @@ pub fn score_cuts_many(model: &DecoderLm, reqs: &[CutRequest]) -> Result<Vec<Vec
                 out[r][i][j] += sums[row];
             }
         }
+        if let [q] = reqs {
+            *reuse = Some(PrefixReuse { tokens: q.trace.to_vec(), cache, hidden: h });
+        }
         Ok(out)
     })
+}
+
+/// Hidden states `[1, n, D]` and keys/values of `trace`, computing only the tokens after the
+/// prefix it shares with `prev` (at least one token is run, so the result is never stale).
+fn prefill_after_shared_prefix(model: &DecoderLm, trace: &[i64], prev: PrefixReuse) -> (Tensor, KvCache) {
+    let dev = model.device();
+    let n = trace.len() as i64;
+    let shared = prev.shared_with(trace) as i64;
+    let PrefixReuse { mut cache, hidden, .. } = prev;
+    cache.truncate(shared);
+    let new = n - shared;
+    let ids = Tensor::from_slice(&trace[shared as usize..]).view([1, new]).to_device(dev);
+    let pos = Tensor::arange_start(shared, n, (Kind::Int64, dev)).view([1, new]);
+    let mask = if shared == 0 {
+        AttnMask::Causal
+    } else {
+        AttnMask::Bias(causal_bias(1, new, shared, None, model.kind(), dev))
+    };
+    let h_new = model.hidden(&ids, &pos, &mask, Some(&mut cache));
+    let h = Tensor::cat(&[&hidden.narrow(1, 0, shared), &h_new], 1);
+    (h, cache)
 }
 
 /// Test oracle for [`score_cuts`]: one independent full prefill of `trace[..c] ++ target` per
@@ -575,6 +632,31 @@ pub(crate) mod tests {
         let none = SharedRows::none(&reqs);
         assert_eq!(none.reused_rows(), 0);
         assert_eq!(none.request(1, &reqs[1]).unwrap().cuts, &cuts[1][..]);
+    }
+
+    #[test]
+    fn consecutive_traces_reuse_their_shared_prefix_and_score_like_the_oracle() {
+        let m = tiny_model(Arch::Qwen3, 22);
+        let prompt = rand_ids(15, 61, 11);
+        let a: Vec<i64> = prompt.iter().chain(&rand_ids(25, 61, 12)).copied().collect();
+        let b: Vec<i64> = prompt.iter().chain(&rand_ids(40, 61, 13)).copied().collect();
+        // c is a prefix of b (all reused but its last token); d shares nothing with c.
+        let c = b[..30].to_vec();
+        let d = rand_ids(20, 61, 14);
+        let targets = vec![rand_ids(4, 61, 15), rand_ids(9, 61, 16)];
+        let mut reuse = None;
+        let shared_expected = [0usize, 15, 29, 0];
+        for (k, (trace, cuts)) in
+            [(&a, vec![15, 30, 40]), (&b, vec![10, 15, 33, 55]), (&c, vec![16, 30]), (&d, vec![1, 20])].into_iter().enumerate()
+        {
+            let shared = reuse.as_ref().map_or(0, |r: &PrefixReuse| r.shared_with(trace));
+            assert_eq!(shared, shared_expected[k], "trace {k}");
+            let got = score_cuts_reusing(&m, &[CutRequest { trace, cuts: &cuts, targets: &targets }], &mut reuse).unwrap();
+            let want = score_cuts_naive(&m, trace, &cuts, &targets).unwrap();
+            for (x, y) in got[0].iter().flatten().zip(want.iter().flatten()) {
+                assert!((x - y).abs() <= 1e-4, "trace {k}: {x} vs {y}");
+            }
+        }
     }
 
     #[test]

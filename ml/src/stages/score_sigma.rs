@@ -21,7 +21,7 @@ use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::engine::StageContext;
 
 use super::{encode_prompt, load_policy, set_threads};
-use crate::model::{score_cuts_many, score_cuts_naive, CutRequest, DecoderLm, SharedRows, Tokenizer};
+use crate::model::{score_cuts_naive, score_cuts_reusing, CutRequest, DecoderLm, PrefixReuse, SharedRows, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -223,10 +223,11 @@ fn cost(q: &CutRequest, scorer: Scorer) -> (usize, usize) {
     }
 }
 
-/// Scores a pack of traces: in one packed pass (`kv_shared`) or one by one with the oracle.
-fn score_pack(model: &DecoderLm, pack: &[CutRequest], scorer: Scorer) -> Result<Vec<Vec<Vec<f64>>>> {
+/// Scores a pack of traces: in one packed pass (`kv_shared`; a pack of one trace reuses the
+/// previous trace's keys/values up to their common prefix) or one by one with the oracle.
+fn score_pack(model: &DecoderLm, pack: &[CutRequest], scorer: Scorer, reuse: &mut Option<PrefixReuse>) -> Result<Vec<Vec<Vec<f64>>>> {
     Ok(match scorer {
-        Scorer::KvShared => score_cuts_many(model, pack)?,
+        Scorer::KvShared => score_cuts_reusing(model, pack, reuse)?,
         Scorer::Naive => pack.iter().map(|q| score_cuts_naive(model, q.trace, q.cuts, q.targets)).collect::<std::result::Result<_, _>>()?,
     })
 }
@@ -295,6 +296,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         }
     }
     let mut scored: Vec<Option<Vec<Vec<f64>>>> = vec![None; reduced.len()];
+    let mut reuse: Option<PrefixReuse> = None;
     let (mut sequences, mut positions) = (0usize, 0usize);
     let t0 = Instant::now();
     let mut progress = ctx.progress(segments.len() as u64, "sigma");
@@ -306,7 +308,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             sequences += n;
             positions += p;
         }
-        let values = score_pack(&model, &reqs, s.scorer).with_context(|| {
+        if let (Scorer::KvShared, [q], Some(prev)) = (s.scorer, reqs.as_slice(), reuse.as_ref()) {
+            positions -= prev.shared_with(q.trace);
+        }
+        let values = score_pack(&model, &reqs, s.scorer, &mut reuse).with_context(|| {
             format!("{}: scoring rows {} .. {}", segments_path.display(), to_score[pack[0]], to_score[pack[pack.len() - 1]])
         })?;
         for (&r, v) in pack.iter().zip(values) {
