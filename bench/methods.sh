@@ -16,8 +16,7 @@
 # the build is the debug profile (libtorch does the arithmetic either way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${RREDCOT_VENV:-$PWD/.venv}
-PY=$VENV/bin/python
+source bench/env.sh
 STORE=${STORE:-$PWD/.rredcot/store}
 PROMPTS=${PROMPTS:-4}
 SEGMENTS=${SEGMENTS:-8}
@@ -25,10 +24,6 @@ FINE_SEGMENTS=${FINE_SEGMENTS:-24}
 TRUNCATION=${TRUNCATION:-"8 16 24 32"}
 MC_MAX_NEW=${MC_MAX_NEW:-160}
 PROFILE=${PROFILE:-debug}
-export LIBTORCH_USE_PYTORCH=1 PATH=$VENV/bin:$PATH
-export LD_LIBRARY_PATH=$($PY -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):${LD_LIBRARY_PATH:-}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
 BIN=./target/$PROFILE/rredcot
 

