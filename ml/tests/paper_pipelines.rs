@@ -11,9 +11,10 @@ use rredcot::artifact::rows::{EvalRow, PromptRow};
 use rredcot::artifact::{read_rows, Schema};
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+// Each test binary uses part of the shared helpers.
+#[allow(dead_code)]
+mod common;
+use common::{output, repo, TINY_WORLD};
 
 fn run(store: &Path, pipeline: &str, sets: &[String]) -> Value {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
@@ -26,41 +27,20 @@ fn run(store: &Path, pipeline: &str, sets: &[String]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn outputs(store: &Path, s: &Value, stage: &str) -> PathBuf {
-    store.join("instances").join(s["keys"][stage].as_str().unwrap()).join("outputs")
-}
-
 /// A tiny checkpoint from the default world, and task-generator problems written as HF-layout
 /// JSONL (problem / solution / answer), the layout the paper's data files have.
 fn toy_world(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let store = dir.join("world");
-    let sets: Vec<String> = [
-        "taskgen.n_train=200",
-        "taskgen.n_eval=20",
-        "taskgen.max_steps=2",
-        "sft.steps=30",
-        "sft.batch_size=8",
-        "sft.layers=2",
-        "sft.hidden=64",
-        "sft.heads=2",
-        "sft.kv_heads=1",
-        "sft.intermediate=128",
-        "sft.eval_n=2",
-        "sft.eval_max_new_tokens=8",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
     c.arg("--store").arg(&store).args(["pipeline", "run"]).arg(repo().join("pipelines/quickstart.toml")).args(["--until", "sft", "--json"]);
-    for s in &sets {
+    for s in TINY_WORLD {
         c.args(["--set", s]);
     }
     let out = c.output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
     let jsonl = |split: &str, n: usize| {
-        let rows: Vec<PromptRow> = read_rows(&outputs(&store, &s, "taskgen").join(format!("{split}.parquet")), Schema::Prompts).unwrap();
+        let rows: Vec<PromptRow> = read_rows(&output(&store, &s, "taskgen", split), Schema::Prompts).unwrap();
         let path = dir.join(format!("{split}.jsonl"));
         let lines: Vec<String> = rows[..n]
             .iter()
@@ -69,7 +49,7 @@ fn toy_world(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
         path
     };
-    (outputs(&store, &s, "sft").join("model"), jsonl("train", 60), jsonl("eval", 8))
+    (output(&store, &s, "sft", "model"), jsonl("train", 60), jsonl("eval", 8))
 }
 
 /// The `--set` lines that rewire a paper pipeline to the toy world and shrink its budgets.
@@ -109,7 +89,7 @@ fn toy_sets(model: &Path, train: &Path, bench: &Path, benchmarks: &[&str], judge
 
 /// The report's CSV as (table, method, benchmark) triples.
 fn table_cells(store: &Path, s: &Value) -> Vec<(String, String, String)> {
-    let csv = std::fs::read_to_string(outputs(store, s, "report").join("report/results.csv")).unwrap();
+    let csv = std::fs::read_to_string(output(store, s, "report", "report").join("results.csv")).unwrap();
     csv.lines()
         .skip(1)
         .map(|l| {
@@ -138,7 +118,7 @@ fn paper_tables_run_at_toy_scale_into_their_reports() {
             assert!(cells.iter().any(|(_, cm, cb)| cm == m && cb == b), "{m} x {b} in {cells:?}");
         }
     }
-    let rows: Vec<EvalRow> = read_rows(&outputs(&store, &s, "eval_rredcot").join("eval.parquet"), Schema::Eval).unwrap();
+    let rows: Vec<EvalRow> = read_rows(&output(&store, &s, "eval_rredcot", "eval"), Schema::Eval).unwrap();
     assert_eq!(rows.len(), 4 * 4 * 2, "4 benchmarks x limit 4 x k 2");
 
     // Table 1: five benchmarks and the judge ensemble's table next to the verifier's.
@@ -147,6 +127,6 @@ fn paper_tables_run_at_toy_scale_into_their_reports() {
     let cells = table_cells(&store, &s);
     let judge_cells = cells.iter().filter(|(t, _, _)| t.contains("judge")).count();
     assert_eq!((cells.len(), judge_cells), (2 * 3 * 5, 3 * 5), "{cells:?}");
-    let judged: Vec<EvalRow> = read_rows(&outputs(&store, &s, "judge_grpo").join("eval.parquet"), Schema::Eval).unwrap();
+    let judged: Vec<EvalRow> = read_rows(&output(&store, &s, "judge_grpo", "eval"), Schema::Eval).unwrap();
     assert!(judged.iter().all(|r| r.correct_judge.is_some()) && judged.len() == 5 * 4 * 2);
 }

@@ -1,4 +1,5 @@
-//! Helpers shared by the ML integration tests (`credit_stages.rs`, `credit_methods.rs`, `eval_report.rs`):
+//! Helpers shared by the ML integration tests (credit stages and methods, analysis, progress and
+//! resets, evaluation/report, paper pipelines):
 //! the tiny configuration of `pipelines/incremental-rescore.toml` and reading a run's records and
 //! artifacts back from the store.
 
