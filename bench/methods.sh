@@ -148,6 +148,9 @@ res.update({
     "fine_segmentation": fine,
     "truncation_sweep_mc5": sweep,
 })
+# Keep what bench/methods_real.sh added (the real-model figures): this script does not measure them.
+if os.path.exists(out):
+    res.update({k: v for k, v in json.load(open(out)).items() if "real_model" in k})
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (dict, list))}, indent=2))
 print(json.dumps({k: v for k, v in fine.items() if k != "per_method"}, indent=2))
