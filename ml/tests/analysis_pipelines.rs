@@ -9,12 +9,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use rredcot::artifact::rows::ScoreRow;
-use rredcot::artifact::{read_batches, read_rows, Schema};
+use rredcot::artifact::{read_rows, Schema};
 use rredcot_ml::stages::score_mc::CompletionRow;
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, TINY_ROLLOUT, TINY_WORLD};
+use common::{output, record, repo, table, TINY_ROLLOUT, TINY_WORLD};
 
 /// One-operation problems and a longer SFT (as in `credit_methods.rs`): the tiny policy solves
 /// some, so MC values vary and correlations are defined.
@@ -34,10 +34,6 @@ fn run_ok(store: &Path, pipeline: &str, sets: &[&str]) -> Value {
     let out = worker(store, &["pipeline", "run", p.to_str().unwrap(), "--json"], sets);
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn table<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
-    serde_arrow::from_record_batch(&read_batches(path).unwrap()).unwrap()
 }
 
 /// Ranks with ties averaged, Pearson and Spearman: written again here, not the stage's code.

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
-use rredcot::artifact::{read_batches, read_rows, Schema};
+use rredcot::artifact::{read_rows, Schema};
 use rredcot_ml::model::{self, generate, LoadedModel, SamplingParams};
 use rredcot_ml::stages::score_mc::CompletionRow;
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, TINY_ROLLOUT, TINY_WORLD};
+use common::{output, record, repo, table, TINY_ROLLOUT, TINY_WORLD};
 
 /// Fewer segments than the incremental pipeline's 40: MC samples k completions per exit point.
 const FEW_SEGMENTS: &str = "segment.max_segments=4";
@@ -135,10 +135,6 @@ fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
 
 use rredcot::analysis::mc_sd::SdIn as SdRow;
 
-fn completions(path: &Path) -> Vec<CompletionRow> {
-    serde_arrow::from_record_batch(&read_batches(path).unwrap()).unwrap()
-}
-
 #[test]
 fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact() {
     let dir = tempfile::tempdir().unwrap();
@@ -147,7 +143,7 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
     let pipeline = method_pipeline(dir.path(), "score_mc", &format!("k = {k}, max_new_tokens = 24, batch_size = 8"));
     let (s, run) = run_method(&store, &pipeline, "mc", EASY);
     let tok = run.model.tokenizer.as_ref().unwrap();
-    let comps = completions(&output(&store, &s, "score", "completions"));
+    let comps = table::<CompletionRow>(&output(&store, &s, "score", "completions"));
     let exits: usize = run.segments.iter().map(|g| g.seg_ends.len()).sum();
     assert_eq!(comps.len(), exits * k, "k completions from each of the T exit points before the end");
     let rec = record(&store, &s, "score");
@@ -185,14 +181,14 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
         assert!(close(&row.sigma, &l1(&unnorm), 1e-12), "{:?} vs {:?}", row.sigma, l1(&unnorm));
     }
     assert!(distinct > exits, "temperature 1 gives different completions from one exit point");
-    let sd: Vec<SdRow> = serde_arrow::from_record_batch(&read_batches(&output(&store, &s, "score", "mc_sd")).unwrap()).unwrap();
+    let sd: Vec<SdRow> = table(&output(&store, &s, "score", "mc_sd"));
     assert_eq!(sd.iter().map(|r| r.k).collect::<Vec<_>>(), (1..=k as i32).collect::<Vec<_>>());
     assert!(sd.iter().all(|r| r.sd_binomial >= 0.0 && r.sd_bootstrap >= 0.0 && r.exit_points == exits as i32));
 
     // Short completions with lost = drop: a value is the fraction correct among the completions
     // that were not lost (0 when all were), and truncation loses some.
     let dropped = run_ok(&store, &pipeline, &[EASY, &["--set", "score.max_new_tokens=6", "--set", "score.lost=drop"][..]].concat());
-    let dcomps = completions(&output(&store, &dropped, "score", "completions"));
+    let dcomps = table::<CompletionRow>(&output(&store, &dropped, "score", "completions"));
     assert!(dcomps.iter().any(|c| c.lost) && dcomps.iter().any(|c| !c.lost), "6 new tokens lose some completions, not all");
     let dscores: Vec<ScoreRow> = read_rows(&output(&store, &dropped, "score", "scores"), Schema::Scores).unwrap();
     for row in &dscores {
@@ -210,7 +206,7 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
     // against a greedy generation from the prefix done here (one row per batch, as here, so no
     // padding changes the arithmetic).
     let greedy = run_ok(&store, &pipeline, &[EASY, &["--set", "score.temperature=0.0", "--set", "score.batch_size=1"][..]].concat());
-    let gcomps = completions(&output(&store, &greedy, "score", "completions"));
+    let gcomps = table::<CompletionRow>(&output(&store, &greedy, "score", "completions"));
     for c in &gcomps {
         let first = gcomps.iter().find(|d| (&d.prompt_id, d.sample_idx, d.exit) == (&c.prompt_id, c.sample_idx, c.exit)).unwrap();
         assert_eq!((&c.text, c.correct), (&first.text, first.correct), "greedy completions from one exit point coincide");

@@ -8,13 +8,13 @@ use std::path::Path;
 use std::process::Command;
 
 use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
-use rredcot::artifact::{read_batches, read_rows, Schema};
+use rredcot::artifact::{read_rows, Schema};
 use rredcot_ml::model::{self, ChatMessage};
 use rredcot_ml::stages::encode_prompt;
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, TINY_ROLLOUT, TINY_WORLD};
+use common::{output, record, repo, table, TINY_ROLLOUT, TINY_WORLD};
 
 /// The prover: as tiny as the policy, another seed, a little longer.
 const TINY_PROVER: &[&str] = &[
@@ -119,10 +119,6 @@ fn progress_values_are_the_provers_and_reduce_to_grpo_without_progress_or_entrop
 
 use rredcot_ml::stages::reset::ResetRow;
 
-fn resets(path: &Path) -> Vec<ResetRow> {
-    serde_arrow::from_record_batch(&read_batches(path).unwrap()).unwrap()
-}
-
 #[test]
 fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,15 +131,15 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
     let segs: Vec<SegmentRow> = read_rows(&output(&store, &s, "segment", "segments"), Schema::Segments).unwrap();
     let out_prompts: Vec<PromptRow> = read_rows(&output(&store, &s, "reset", "prompts"), Schema::Prompts).unwrap();
     let out_rollouts: Vec<RolloutRow> = read_rows(&output(&store, &s, "reset", "rollouts"), Schema::Rollouts).unwrap();
-    let table = resets(&output(&store, &s, "reset", "resets"));
+    let resets = table::<ResetRow>(&output(&store, &s, "reset", "resets"));
     let policy = model::load(&output(&store, &s, "sft", "model"), &Default::default()).unwrap();
     let tok = policy.tokenizer.as_ref().unwrap();
 
-    assert_eq!(table.len(), segs.len(), "traces = all: every trace is reset once");
+    assert_eq!(resets.len(), segs.len(), "traces = all: every trace is reset once");
     assert_eq!(out_rollouts.len(), rollouts.len() + k * segs.len(), "the originals, then k continuations per reset");
     assert_eq!(&out_rollouts[..rollouts.len()], &rollouts[..]);
     let template = "{question}\n\nA solution, step by step:\n{steps}\n\nWhich step is the first wrong one?";
-    for (row, seg) in table.iter().zip(&segs) {
+    for (row, seg) in resets.iter().zip(&segs) {
         assert_eq!((row.prompt_id.as_str(), row.sample_idx, row.mode.as_str()), (seg.prompt_id.as_str(), seg.sample_idx, "self"));
         let (p, r) = trace(&prompts, &rollouts, seg);
         assert_eq!(row.original_reward, r.reward);
@@ -202,12 +198,12 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
 
     // RRPO: a random step per trace, deterministic for the seed; another seed moves some.
     let rr = run(&store, "resets.toml", &[&sets[..], &["reset.uses=reset_random"]].concat());
-    let rows = resets(&output(&store, &rr, "reset", "resets"));
+    let rows = table::<ResetRow>(&output(&store, &rr, "reset", "resets"));
     assert!(rows.iter().all(|r| r.mode == "random" && r.reset_step >= 1 && r.reset_step <= r.steps));
     let again = run_with(&store, "resets.toml", &[&sets[..], &["reset.uses=reset_random"]].concat(), &["--force", "reset"]);
     assert!(again["ran"].as_array().unwrap().iter().any(|x| x == "reset"), "{again}");
     assert_eq!(hash(&store, &again, "reset", "rollouts"), hash(&store, &rr, "reset", "rollouts"));
-    let other = resets(&output(&store, &run(&store, "resets.toml", &[&sets[..], &["reset.uses=reset_random", "reset.seed=7"]].concat()), "reset", "resets"));
+    let other = table::<ResetRow>(&output(&store, &run(&store, "resets.toml", &[&sets[..], &["reset.uses=reset_random", "reset.seed=7"]].concat()), "reset", "resets"));
     if rows.iter().any(|r| r.steps > 1) {
         let moved = rows.iter().zip(&other).filter(|(a, b)| a.reset_step != b.reset_step).count();
         assert!(moved > 0, "a different seed resets some multi-step trace elsewhere");
@@ -216,5 +212,5 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
     // SRPO's default: only incorrect traces are reset.
     let srpo = run(&store, "resets.toml", &["reset.k=2", "reset.max_new_tokens=24"]);
     let wrong = rollouts.iter().filter(|r| r.reward == 0.0).count();
-    assert_eq!(resets(&output(&store, &srpo, "reset", "resets")).len(), wrong);
+    assert_eq!(table::<ResetRow>(&output(&store, &srpo, "reset", "resets")).len(), wrong);
 }

@@ -47,3 +47,8 @@ pub fn output(store: &Path, summary: &Value, stage: &str, name: &str) -> PathBuf
         dir.join(name)
     }
 }
+
+/// Every row of a free-form `table` artifact (e.g. score_mc's `completions`, reset's `resets`).
+pub fn table<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
+    serde_arrow::from_record_batch(&rredcot::artifact::read_batches(path).unwrap()).unwrap()
+}
