@@ -278,8 +278,17 @@ pub struct PrefixReuse {
 
 impl PrefixReuse {
     /// Leading tokens of `trace` whose keys/values are reused (all but at least its last token).
-    pub fn shared_with(&self, trace: &[i64]) -> usize {
+    fn shared_with(&self, trace: &[i64]) -> usize {
         self.tokens.iter().zip(trace).take_while(|(a, b)| a == b).count().min(trace.len().saturating_sub(1))
+    }
+
+    /// Trace tokens [`score_cuts_reusing`]`(model, reqs, reuse)` does not run because `reuse`
+    /// holds them: the shared prefix when `reqs` is one trace, else 0.
+    pub fn tokens_saved(reuse: &Option<PrefixReuse>, reqs: &[CutRequest]) -> usize {
+        match (reqs, reuse) {
+            ([q], Some(prev)) => prev.shared_with(q.trace),
+            _ => 0,
+        }
     }
 }
 
@@ -649,9 +658,9 @@ pub(crate) mod tests {
         for (k, (trace, cuts)) in
             [(&a, vec![15, 30, 40]), (&b, vec![10, 15, 33, 55]), (&c, vec![16, 30]), (&d, vec![1, 20])].into_iter().enumerate()
         {
-            let shared = reuse.as_ref().map_or(0, |r: &PrefixReuse| r.shared_with(trace));
-            assert_eq!(shared, shared_expected[k], "trace {k}");
-            let got = score_cuts_reusing(&m, &[CutRequest { trace, cuts: &cuts, targets: &targets }], &mut reuse).unwrap();
+            let req = [CutRequest { trace, cuts: &cuts, targets: &targets }];
+            assert_eq!(PrefixReuse::tokens_saved(&reuse, &req), shared_expected[k], "trace {k}");
+            let got = score_cuts_reusing(&m, &req, &mut reuse).unwrap();
             let want = score_cuts_naive(&m, trace, &cuts, &targets).unwrap();
             for (x, y) in got[0].iter().flatten().zip(want.iter().flatten()) {
                 assert!((x - y).abs() <= 1e-4, "trace {k}: {x} vs {y}");

@@ -308,8 +308,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             sequences += n;
             positions += p;
         }
-        if let (Scorer::KvShared, [q], Some(prev)) = (s.scorer, reqs.as_slice(), reuse.as_ref()) {
-            positions -= prev.shared_with(q.trace);
+        if s.scorer == Scorer::KvShared {
+            positions -= PrefixReuse::tokens_saved(&reuse, &reqs);
         }
         let values = score_pack(&model, &reqs, s.scorer, &mut reuse).with_context(|| {
             format!("{}: scoring rows {} .. {}", segments_path.display(), to_score[pack[0]], to_score[pack[pack.len() - 1]])
