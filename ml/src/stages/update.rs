@@ -30,7 +30,7 @@ use tch::{Device, Kind, Tensor};
 use super::{encode_prompt, load_policy, set_threads};
 use crate::model::{self, DecoderLm, LoadOptions};
 use crate::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
-use crate::train::loss::{policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
+use crate::train::loss::{check_credit_with_is, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
 use crate::train::lr_at;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -147,6 +147,13 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if !(0.0..=1.0).contains(&sigma_mix) {
         bail!("stage `{}`: sigma_mix = {sigma_mix} is outside [0, 1]", ctx.instance);
     }
+    let credit_name = match credit_kind {
+        Credit::Uniform => "uniform",
+        Credit::Sigma => "sigma",
+        Credit::Progress => "progress",
+    };
+    let uniform = credit_kind == Credit::Uniform || (credit_kind == Credit::Sigma && sigma_mix == 0.0);
+    check_credit_with_is(loss_cfg.importance_sampling, credit_name, uniform).map_err(|e| anyhow::anyhow!("stage `{}`: {e}", ctx.instance))?;
 
     // Inputs.
     let prompts: Vec<PromptRow> = read_rows(ctx.input("prompts")?, Schema::Prompts)?;
@@ -275,6 +282,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let mb_size = if minibatch == 0 { seqs.len() } else { minibatch };
     let minibatches: Vec<&[Sequence]> = seqs.chunks(mb_size).collect();
     let steps_per_update = inner_epochs * minibatches.len();
+    // dapo's normalizer as in TRL: the batch's completion tokens over its optimizer steps per epoch.
+    let dapo_tokens = seqs.iter().map(|s| s.completion_len()).sum::<usize>() as f64 / minibatches.len() as f64;
     let params: Vec<(String, Tensor)> = {
         let mut v: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -315,7 +324,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             let step_lr = lr_at(global, total_steps * steps_per_update, warmup, lr, min_ratio);
             let parts_idx = micro_batches(mb);
             let lens: Vec<Vec<usize>> = parts_idx.iter().map(|idx| idx.iter().map(|&i| mb[i].completion_len()).collect()).collect();
-            let factors = sequence_factors(loss_cfg.loss_type, &lens, max_completion);
+            let factors = sequence_factors(loss_cfg.loss_type, &lens, max_completion, Some(dapo_tokens));
             for (_, p) in &params {
                 let mut g = p.grad();
                 if g.defined() {
@@ -418,7 +427,7 @@ mod tests {
             tch::manual_seed(0);
             let mut logp = (Tensor::rand([2, 11], (Kind::Float, Device::Cpu)) * -2.0).set_requires_grad(true);
             logp.zero_grad();
-            let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[vec![n, n]], n)[0].iter().map(|&x| x as f32).collect::<Vec<_>>());
+            let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[vec![n, n]], n, None)[0].iter().map(|&x| x as f32).collect::<Vec<_>>());
             let parts = policy_loss(&cfg, &logp, &logp.detach(), None, &adv, &credit, &f, &mask);
             parts.loss.backward();
             (parts.loss.double_value(&[]), logp.grad())
@@ -439,7 +448,7 @@ mod tests {
             let s = Sequence { ids: (1..=8).collect(), prompt_len: 2, credit: token_weights(n, None, 0.0), advantage, reward: 1.0, sigma_entropy: None };
             let (_, mask, credit, adv) = micro_tensors(&[&s], Device::Cpu);
             let logp = (Tensor::ones([1, 7], (Kind::Float, Device::Cpu)) * -1.0).set_requires_grad(true);
-            let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[vec![n]], n)[0].iter().map(|&x| x as f32).collect::<Vec<_>>());
+            let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[vec![n]], n, None)[0].iter().map(|&x| x as f32).collect::<Vec<_>>());
             policy_loss(&cfg, &logp, &logp.detach(), None, &adv, &credit, &f, &mask).loss.backward();
             Vec::<f32>::try_from(logp.grad().flatten(0, -1)).unwrap()
         };

@@ -8,7 +8,15 @@
 //! - aggregation: each sequence i contributes f_i · Σ_k d_ik ℓ_ik, where d_ik is the token's share
 //!   of the sequence's credit (Σ_k d_ik = 1: 1/|o| for GRPO, σ_t/|u_t| for RREDCoT) and f_i the
 //!   sequence's weight under `loss_type` (see [`sequence_factors`]). With d = 1/|o| this is
-//!   exactly TRL's `grpo`, `bnpo`, `dr_grpo` and `dapo`.
+//!   exactly TRL's `grpo`, `bnpo`, `dr_grpo` and `dapo`, also when one rollout batch is split
+//!   into several optimizer steps (`dapo` then divides by the batch's mean tokens per step).
+//! - The KL term is a regularizer, not credit: it is always aggregated with the uniform 1/|o|,
+//!   whatever credit the policy term gets. The paper redistributes the gradient coefficient of
+//!   the policy term (Eq. 11–12); weighting k3 by σ would make the pull towards the reference
+//!   depend on σ as well.
+//! - σ (or any non-uniform credit) has no effect under sequence-level importance sampling: the
+//!   ratio is one number per sequence and the credit sums to 1, so every token's gradient is the
+//!   same. [`check_credit_with_is`] refuses that combination.
 
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -43,11 +51,30 @@ pub struct LossConfig {
     pub beta: f64,
 }
 
+/// Errors of a loss configuration that would silently not do what it says.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LossConfigError {
+    #[error("{credit} credit has no effect under sequence-level importance sampling (GSPO): the ratio is one number per sequence and credit sums to 1 per sequence, so every token gets the same gradient; use importance_sampling = \"token\"")]
+    CreditIgnoredBySequenceIs { credit: &'static str },
+}
+
+/// Refuses non-uniform credit (σ, per-token progress advantages) under sequence-level importance
+/// sampling, where it would be a no-op (measured: σ and uniform losses differ by 6e-17).
+pub fn check_credit_with_is(is: IsLevel, credit: &'static str, uniform: bool) -> Result<(), LossConfigError> {
+    match (is, uniform) {
+        (IsLevel::Sequence, false) => Err(LossConfigError::CreditIgnoredBySequenceIs { credit }),
+        _ => Ok(()),
+    }
+}
+
 /// f_i for the sequences of one optimizer step. `lens[m][i]` = completion tokens of sequence i
-/// of micro-batch m; `max_len` = the configured maximum completion length (dr_grpo).
-pub fn sequence_factors(loss_type: LossType, lens: &[Vec<usize>], max_len: usize) -> Vec<Vec<f64>> {
+/// of micro-batch m; `max_len` = the configured maximum completion length (dr_grpo);
+/// `dapo_tokens` = the token normalizer of `dapo`: as in TRL, the rollout batch's completion
+/// tokens divided by the optimizer steps it is split into (`None`: this step's own tokens, the
+/// same when the batch is one step).
+pub fn sequence_factors(loss_type: LossType, lens: &[Vec<usize>], max_len: usize, dapo_tokens: Option<f64>) -> Vec<Vec<f64>> {
     let n_seq: usize = lens.iter().map(Vec::len).sum();
-    let all_tokens: usize = lens.iter().flatten().sum();
+    let all_tokens = dapo_tokens.unwrap_or(lens.iter().flatten().sum::<usize>() as f64);
     let micro = lens.len() as f64;
     lens.iter()
         .map(|mb| {
@@ -57,7 +84,7 @@ pub fn sequence_factors(loss_type: LossType, lens: &[Vec<usize>], max_len: usize
                     LossType::Grpo => 1.0 / n_seq as f64,
                     LossType::Bnpo => l as f64 / (mb_tokens.max(1) as f64 * micro),
                     LossType::DrGrpo => l as f64 / (n_seq as f64 * max_len.max(1) as f64),
-                    LossType::Dapo => l as f64 / all_tokens.max(1) as f64,
+                    LossType::Dapo => l as f64 / all_tokens.max(1.0),
                 })
                 .collect()
         })
@@ -99,18 +126,21 @@ pub fn policy_loss(
     let coef2 = coef1.clamp(1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
     // One advantage per sequence `[B]`, or per token `[B, T]` (progress credit).
     let a = if adv.dim() == 1 { adv.unsqueeze(-1) } else { adv.shallow_clone() };
-    let mut per_token = -(&coef1 * &a).minimum(&(&coef2 * &a));
+    let per_token = -(&coef1 * &a).minimum(&(&coef2 * &a));
+    // The policy term takes the credit (σ_t/|u_t| for RREDCoT, 1/|o| for GRPO: Eq. 11–12).
+    let mut per_seq = (per_token * credit * mask).sum_dim_intlist(-1, false, None::<Kind>);
     let mut kl = 0.0;
     if let (Some(r), true) = (ref_logp, cfg.beta > 0.0) {
         let d = r - logp;
         let k3 = d.exp() - &d - 1.0;
         kl = (&k3 * mask).sum(None::<Kind>).double_value(&[]) / mask.sum(None::<Kind>).double_value(&[]).max(1.0);
-        per_token = per_token + k3 * cfg.beta;
+        // The KL term stays uniform (1/|o|) whatever the credit: see the module doc.
+        let len = mask.sum_dim_intlist(-1, false, None::<Kind>).clamp_min(1.0);
+        per_seq = per_seq + (k3 * mask).sum_dim_intlist(-1, false, None::<Kind>) / len * cfg.beta;
     }
     let clipped = coef1.lt(1.0 - cfg.epsilon_low).logical_and(&a.lt(0.0)).logical_or(&coef1.gt(1.0 + cfg.epsilon_high).logical_and(&a.gt(0.0)));
     let clip_fraction = (clipped.to_kind(mask.kind()) * mask).sum(None::<Kind>).double_value(&[])
         / mask.sum(None::<Kind>).double_value(&[]).max(1.0);
-    let per_seq = (per_token * credit * mask).sum_dim_intlist(-1, false, None::<Kind>);
     LossParts { loss: (per_seq * factor).sum(None::<Kind>), kl, clip_fraction }
 }
 
@@ -168,7 +198,7 @@ mod tests {
         let adv_t = Tensor::from_slice(&adv);
         for lt in [LossType::Grpo, LossType::Bnpo, LossType::DrGrpo, LossType::Dapo] {
             let c = cfg(lt);
-            let f = Tensor::from_slice(&sequence_factors(lt, &[lens.clone()], 4)[0]);
+            let f = Tensor::from_slice(&sequence_factors(lt, &[lens.clone()], 4, None)[0]);
             let ours = policy_loss(&c, &logp, &old, None, &adv_t, &uniform_credit(&lens, 4), &f, &mask);
             let want = trl_reference(&c, &logp, &old, &adv, &lens, 4);
             let got = ours.loss.double_value(&[]);
@@ -186,7 +216,7 @@ mod tests {
             .view([3, 4])
             .to_kind(Kind::Double);
         for lt in [LossType::Grpo, LossType::DrGrpo, LossType::Dapo] {
-            let f = Tensor::from_slice(&sequence_factors(lt, &[lens.clone()], 4)[0]);
+            let f = Tensor::from_slice(&sequence_factors(lt, &[lens.clone()], 4, None)[0]);
             logp.zero_grad();
             let parts = policy_loss(&cfg(lt), &logp, &old, None, &adv, &credit, &f, &mask);
             parts.loss.backward();
@@ -205,7 +235,7 @@ mod tests {
         c.importance_sampling = IsLevel::Sequence;
         c.epsilon_low = 10.0;
         c.epsilon_high = 10.0;
-        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4)[0]);
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
         let got = policy_loss(&c, &logp, &old, None, &adv, &uniform_credit(&lens, 4), &f, &mask).loss.double_value(&[]);
         // No clipping: each sequence's loss is −exp(mean log-ratio).
         let lp: Vec<Vec<f64>> = Vec::try_from(logp.detach()).unwrap();
@@ -227,15 +257,93 @@ mod tests {
     }
 
     #[test]
+    fn dapo_split_into_optimizer_steps_divides_by_the_batch_mean_tokens_per_step_as_trl() {
+        // TRL: loss of each micro-batch = Σ tokens ℓ / (num_items_in_batch), where
+        // num_items_in_batch is the generation batch's tokens over the optimizer steps it feeds.
+        let (step1, step2) = (vec![vec![4usize, 2]], vec![vec![3usize, 5]]);
+        let per_step = (4 + 2 + 3 + 5) as f64 / 2.0;
+        let f1 = sequence_factors(LossType::Dapo, &step1, 10, Some(per_step));
+        let f2 = sequence_factors(LossType::Dapo, &step2, 10, Some(per_step));
+        assert_eq!(f1, vec![vec![4.0 / 7.0, 2.0 / 7.0]]);
+        assert_eq!(f2, vec![vec![3.0 / 7.0, 5.0 / 7.0]]);
+        // Each step's own token count (what we did before) weighs the short step's tokens more.
+        assert_eq!(sequence_factors(LossType::Dapo, &step1, 10, None), vec![vec![4.0 / 6.0, 2.0 / 6.0]]);
+        // Other loss types ignore the normalizer.
+        assert_eq!(sequence_factors(LossType::Grpo, &step1, 10, Some(per_step)), sequence_factors(LossType::Grpo, &step1, 10, None));
+    }
+
+    #[test]
+    fn nonuniform_credit_is_refused_under_sequence_level_is_because_it_changes_nothing() {
+        let (logp, old, mask, lens) = batch();
+        let adv = Tensor::from_slice(&[1.5, -0.5, -1.0]);
+        let sigma = Tensor::from_slice(&[0.7, 0.1, 0.1, 0.1, 0.9, 0.1, 0., 0., 0.2, 0.2, 0.6, 0.])
+            .view([3, 4])
+            .to_kind(Kind::Double);
+        let mut seq = cfg(LossType::Grpo);
+        seq.importance_sampling = IsLevel::Sequence;
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
+        let grad_under = |c: &LossConfig, credit: &Tensor| {
+            let mut lp = logp.detach().set_requires_grad(true);
+            lp.zero_grad();
+            let l = policy_loss(c, &lp, &old, None, &adv, credit, &f, &mask).loss;
+            l.backward();
+            (l.double_value(&[]), lp.grad())
+        };
+        let (lu, gu) = grad_under(&seq, &uniform_credit(&lens, 4));
+        let (ls, gs) = grad_under(&seq, &sigma);
+        assert!((lu - ls).abs() < 1e-12 && (gu - gs).abs().max().double_value(&[]) < 1e-12, "σ is a no-op under GSPO");
+        assert!(check_credit_with_is(IsLevel::Sequence, "sigma", false).is_err());
+        assert!(check_credit_with_is(IsLevel::Sequence, "uniform", true).is_ok());
+        assert!(check_credit_with_is(IsLevel::Token, "sigma", false).is_ok());
+        // Under token-level IS the same σ does change the gradient.
+        let token = cfg(LossType::Grpo);
+        let (_, gu) = grad_under(&token, &uniform_credit(&lens, 4));
+        let (_, gs) = grad_under(&token, &sigma);
+        assert!((gu - gs).abs().max().double_value(&[]) > 1e-3);
+    }
+
+    #[test]
+    fn kl_term_is_uniform_whatever_the_credit() {
+        let (logp, old, mask, lens) = batch();
+        let adv = Tensor::from_slice(&[1.5, -0.5, -1.0]);
+        let sigma = Tensor::from_slice(&[0.7, 0.1, 0.1, 0.1, 0.9, 0.1, 0., 0., 0.2, 0.2, 0.6, 0.])
+            .view([3, 4])
+            .to_kind(Kind::Double);
+        let reference = (&logp.detach() + 0.5).detach();
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
+        let kl_part = |credit: &Tensor| {
+            let mut with = cfg(LossType::Grpo);
+            with.beta = 0.04;
+            let a = policy_loss(&with, &logp, &old, Some(&reference), &adv, credit, &f, &mask).loss.double_value(&[]);
+            let b = policy_loss(&cfg(LossType::Grpo), &logp, &old, Some(&reference), &adv, credit, &f, &mask).loss.double_value(&[]);
+            a - b
+        };
+        let (ku, ks) = (kl_part(&uniform_credit(&lens, 4)), kl_part(&sigma));
+        assert!(ku > 0.0);
+        assert!((ku - ks).abs() < 1e-12, "KL contribution {ku} (uniform) vs {ks} (σ)");
+        // And it is β × the mean over sequences of each sequence's mean k3 (TRL's grpo aggregation).
+        let lp: Vec<Vec<f64>> = Vec::try_from(logp.detach()).unwrap();
+        let rf: Vec<Vec<f64>> = Vec::try_from(reference.shallow_clone()).unwrap();
+        let want = 0.04
+            * lens
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (0..l).map(|k| { let d = rf[i][k] - lp[i][k]; d.exp() - d - 1.0 }).sum::<f64>() / l as f64)
+                .sum::<f64>()
+            / 3.0;
+        assert!((ku - want).abs() < 1e-12, "{ku} vs {want}");
+    }
+
+    #[test]
     fn factors_follow_each_aggregation() {
         let lens = vec![vec![4, 2], vec![3]];
-        let f = sequence_factors(LossType::Grpo, &lens, 10);
+        let f = sequence_factors(LossType::Grpo, &lens, 10, None);
         assert_eq!(f, vec![vec![1.0 / 3.0; 2], vec![1.0 / 3.0]]);
-        let f = sequence_factors(LossType::Dapo, &lens, 10);
+        let f = sequence_factors(LossType::Dapo, &lens, 10, None);
         assert_eq!(f, vec![vec![4.0 / 9.0, 2.0 / 9.0], vec![3.0 / 9.0]]);
-        let f = sequence_factors(LossType::Bnpo, &lens, 10);
+        let f = sequence_factors(LossType::Bnpo, &lens, 10, None);
         assert_eq!(f, vec![vec![4.0 / 12.0, 2.0 / 12.0], vec![3.0 / 6.0]]);
-        let f = sequence_factors(LossType::DrGrpo, &lens, 10);
+        let f = sequence_factors(LossType::DrGrpo, &lens, 10, None);
         assert_eq!(f, vec![vec![4.0 / 30.0, 2.0 / 30.0], vec![3.0 / 30.0]]);
     }
 }
