@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Training benchmark (issue 7): GRPO vs RREDCoT in the quickstart, same batch, same run, for
-# SEEDS rollout seeds (the SFT policy is shared). Per training step: wall time and peak RSS of
-# the step's stages (GRPO: rollout + update; RREDCoT: rollout + segment + score + update), and the
-# eval after each step (avg@4 at temperature 1 on 100 eval problems). Writes
-# bench/results/training.json.
+# Training benchmark (issues 7, 19): GRPO vs RREDCoT in the quickstart, same batch, same run, for
+# SEEDS rollout seeds (the SFT policy and the evaluations' seeds are shared). Per training step:
+# wall time and peak RSS of the step's stages (GRPO: rollout + update; RREDCoT: rollout + segment +
+# score + update) and the small per-step eval (the learning curves). Final accuracies come from
+# the quickstart's large final evaluation (`final_*`: avg@4 at temperature 1 on the eval split).
+# Writes bench/results/training.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
@@ -12,41 +13,63 @@ STORE=${STORE:-$PWD/.rredcot/store}
 cargo build --release --workspace --bins
 for s in $SEEDS; do
   echo "== seed $s"
+  start=$(date +%s)
   ./target/release/rredcot --store "$STORE" pipeline run pipelines/quickstart.toml --json \
     --set grpo.rollout.seed=$s --set rredcot.rollout.seed=$s > "$TMP/seed$s.json"
+  echo "$(( $(date +%s) - start ))" > "$TMP/seed$s.wall"
 done
 $PY - "$TMP" "$STORE" bench/results/training.json $SEEDS <<'PYEOF'
-import json, os, sys, statistics as st
+import json, math, os, sys, statistics as st
 tmp, store, out, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+# Two-sided 95% Student t quantiles by degrees of freedom (n seeds -> n - 1).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+def ci95(xs):
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if len(xs) < 2:
+        return {"mean": xs[0] if xs else None, "ci95": None, "n": len(xs)}
+    m = st.mean(xs)
+    return {"mean": m, "ci95": T95.get(len(xs) - 1, 1.96) * st.stdev(xs) / math.sqrt(len(xs)), "n": len(xs)}
 def rec(summary, stage):
     return json.load(open(os.path.join(store, "instances", summary["keys"][stage], "run.json")))
-runs, ratios, rss_ratios, gfin, rfin, reach = {}, [], [], [], [], []
+def final(summary, stage):
+    m = rec(summary, stage)["metrics"]
+    return m["avg_at_k.taskgen"], m["stderr.taskgen"]
+runs, ratios, rss_ratios, gains, diffs, reach = {}, [], [], [], [], []
+stderrs = []
 for s in seeds:
     summ = json.load(open(os.path.join(tmp, f"seed{s}.json")))
     n = sum(1 for k in summ["keys"] if k.startswith("grpo.update["))
-    base = rec(summ, "eval_base")["metrics"]["mean_reward"]
+    base, base_se = final(summ, "final_base")
+    g, g_se = final(summ, "final_grpo")
+    r, r_se = final(summ, "final_rredcot")
+    stderrs += [base_se, g_se, r_se]
     curves, times, rss = {}, {}, {}
     for m, stages in [("grpo", ["rollout", "update"]), ("rredcot", ["rollout", "segment", "score", "update"])]:
-        curves[m] = [rec(summ, f"{m}.eval[{i}]")["metrics"]["mean_reward"] for i in range(n)]
+        curves[m] = [rec(summ, f"{m}.eval[{i}]")["metrics"]["avg_at_k.taskgen"] for i in range(n)]
         times[m] = [sum(rec(summ, f"{m}.{x}[{i}]")["wall_s"] for x in stages) for i in range(n)]
         rss[m] = max(rec(summ, f"{m}.{x}[{i}]")["peak_rss_mb"] for x in stages for i in range(n))
     ratios.append(st.mean(times["rredcot"]) / st.mean(times["grpo"]))
     rss_ratios.append(rss["rredcot"] / rss["grpo"])
-    gfin.append(curves["grpo"][-1]); rfin.append(curves["rredcot"][-1])
+    gains.append(g - base)
+    diffs.append(r - g)
+    # Steps RREDCoT needs to reach GRPO's final per-step accuracy (censored at n: never reached).
     hit = next((i + 1 for i, a in enumerate(curves["rredcot"]) if a >= curves["grpo"][-1]), None)
-    reach.append(None if hit is None else hit / n)
-    runs[s] = {"base_acc": base, "acc_per_step": curves, "step_time_s": times, "peak_rss_mb": rss,
-               "rredcot_steps_to_grpo_final": hit, "steps": n}
-reached = [r for r in reach if r is not None]
+    reach.append((hit if hit is not None else n) / n)
+    runs[s] = {"final_acc": {"base": base, "grpo": g, "rredcot": r}, "final_stderr": {"base": base_se, "grpo": g_se, "rredcot": r_se},
+               "curve_base_acc": rec(summ, "eval_base")["metrics"]["avg_at_k.taskgen"], "curve_acc_per_step": curves,
+               "step_time_s": times, "peak_rss_mb": rss, "rredcot_steps_to_grpo_final": hit, "steps": n,
+               "pipeline_wall_s": int(open(os.path.join(tmp, f"seed{s}.wall")).read())}
 res = {
+    "grpo_gain_over_base": st.mean(gains),
+    "grpo_gain_over_base_per_seed": gains,
+    "eval_stderr": max(stderrs),
+    "rredcot_minus_grpo_final_acc": ci95(diffs),
+    "rredcot_steps_to_grpo_final_acc_ratio": ci95(reach),
+    "seeds_reaching_grpo_final_acc": f"{sum(1 for s in seeds if runs[s]['rredcot_steps_to_grpo_final'] is not None)}/{len(seeds)}",
     "step_time_ratio_rredcot_vs_grpo": st.mean(ratios),
     "peak_rss_ratio_rredcot_vs_grpo": st.mean(rss_ratios),
-    "grpo_final_acc": st.mean(gfin),
-    "rredcot_final_acc": st.mean(rfin),
-    # Mean over the seeds where RREDCoT reached GRPO's final accuracy (None if it never did).
-    "rredcot_steps_to_grpo_final_acc_ratio": st.mean(reached) if reached else None,
-    "seeds_reaching_grpo_final_acc": f"{len(reached)}/{len(seeds)}",
-    "metric": "avg@4 at temperature 1 on the first 100 eval problems, after each step",
+    "metric": "final: avg@4 at temperature 1 on the eval split (final_* stages); curves: avg@4 on its first 100 problems after each step",
+    "ci95": "Student t over seeds (mean ± t_{0.975,n-1} · sd / sqrt(n)); steps ratio censored at 1 when never reached",
     "per_seed": runs,
 }
 json.dump(res, open(out, "w"), indent=2)

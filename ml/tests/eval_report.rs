@@ -19,7 +19,7 @@ use common::repo;
 
 
 /// The quickstart at toy scale (with `common::TINY_WORLD`): 2 training steps per method, 6 eval
-/// problems x 2 samples.
+/// problems x 2 samples after each step, 3 problems of each benchmark x 2 samples in the final evals.
 const TINY_QUICKSTART: &[&str] = &[
     "grpo.repeat=2",
     "rredcot.repeat=2",
@@ -34,12 +34,15 @@ const TINY_QUICKSTART: &[&str] = &[
     "eval_base.limit=6",
     "eval_base.k=2",
     "eval_base.max_new_tokens=40",
-    "eval_gsm8k_base.limit=3",
-    "eval_gsm8k_grpo.limit=3",
-    "eval_gsm8k_rredcot.limit=3",
-    "eval_gsm8k_base.max_new_tokens=16",
-    "eval_gsm8k_grpo.max_new_tokens=16",
-    "eval_gsm8k_rredcot.max_new_tokens=16",
+    "final_base.limit=3",
+    "final_grpo.limit=3",
+    "final_rredcot.limit=3",
+    "final_base.k=2",
+    "final_grpo.k=2",
+    "final_rredcot.k=2",
+    "final_base.max_new_tokens=16",
+    "final_grpo.max_new_tokens=16",
+    "final_rredcot.max_new_tokens=16",
 ];
 
 /// Every `--set` of the tiny quickstart.
@@ -144,41 +147,57 @@ fn quickstart_evaluates_reports_and_exports() {
     let csv = std::fs::read_to_string(report.join("results.csv")).unwrap();
     let md = std::fs::read_to_string(report.join("results.md")).unwrap();
     let mut row_order = Vec::new();
-    for (label, stage) in [("base", "eval_base"), ("GRPO", "grpo.eval[1]"), ("RREDCoT", "rredcot.eval[1]")] {
-        let rows: Vec<EvalRow> = read_rows(&outputs(&store, &s, stage).join("eval.parquet"), Schema::Eval).unwrap();
+    for (label, stage) in [("base", "final_base"), ("GRPO", "final_grpo"), ("RREDCoT", "final_rredcot")] {
+        let all: Vec<EvalRow> = read_rows(&outputs(&store, &s, stage).join("eval.parquet"), Schema::Eval).unwrap();
+        let rows: Vec<EvalRow> = all.iter().filter(|r| r.benchmark == "taskgen").cloned().collect();
         let (mean, se) = avg_at_k(&rows);
         let f = csv.lines().map(csv_fields).find(|f| f[1] == label && f[2] == "taskgen").unwrap_or_else(|| panic!("no {label} in {csv}"));
         let line = f.join(" | ");
-        assert_eq!((f[2].as_str(), f[3].as_str(), f[4].as_str()), ("taskgen", "2", "6"), "{line}");
+        assert_eq!((f[2].as_str(), f[3].as_str(), f[4].as_str()), ("taskgen", "2", "3"), "{line}");
         assert!((f[6].parse::<f64>().unwrap() - mean).abs() < 1e-12 && (f[7].parse::<f64>().unwrap() - se).abs() < 1e-12, "{line} vs {mean} ± {se}");
         // Columns are benchmarks by name: gsm8k, then taskgen.
         let line = md.lines().find(|l| l.starts_with(&format!("| {label} |"))).unwrap();
         let cell = format!("{:.1} ± {:.1}", 100.0 * mean, 100.0 * se);
         assert_eq!(line.split('|').nth(3).map(|c| c.trim().starts_with(&cell)), Some(true), "{cell} not the taskgen cell of {line}");
-        // The gsm8k column comes from a second eval artifact of the same row.
-        let gsm: Vec<EvalRow> = read_rows(&outputs(&store, &s, &format!("eval_gsm8k_{}", label.to_lowercase())).join("eval.parquet"), Schema::Eval).unwrap();
+        // The gsm8k column comes from the same final evaluation.
+        let gsm: Vec<EvalRow> = all.iter().filter(|r| r.benchmark == "gsm8k").cloned().collect();
+        assert!(!gsm.is_empty(), "{stage} evaluated gsm8k");
         let g = csv.lines().map(csv_fields).find(|f| f[1] == label && f[2] == "gsm8k").unwrap_or_else(|| panic!("no {label} gsm8k in {csv}"));
         assert!((g[6].parse::<f64>().unwrap() - avg_at_k(&gsm).0).abs() < 1e-12, "{g:?}");
-        // Provenance names the instances each row came from.
+        // Provenance names the instance each row came from.
         let key = &s["keys"][stage].as_str().unwrap()[..12];
-        let gstage = format!("eval_gsm8k_{}", label.to_lowercase());
-        let gkey = &s["keys"][&gstage].as_str().unwrap()[..12];
-        assert!(md.contains(&format!("- {label}: {stage}.eval (instance {key}")) && md.contains(&format!("{gstage}.eval (instance {gkey}")), "{md}");
+        assert!(md.contains(&format!("- {label}: {stage}.eval (instance {key}")), "{md}");
         row_order.push(md.find(&format!("| {label} |")).unwrap());
     }
     assert!(row_order.windows(2).all(|w| w[0] < w[1]), "rows in the order of the `rows` param");
     let tex = std::fs::read_to_string(report.join("results.tex")).unwrap();
     assert!(tex.contains("\\begin{tabular}") && tex.contains("RREDCoT &"), "{tex}");
 
+    // Learning curves: one metric per benchmark at every step (avg@k over the same problems with
+    // the same k), the base at step 0 from its per-step-style evaluation, not the final table's.
+    let curve = std::fs::read_to_string(report.join("learning_curves.csv")).unwrap();
+    let points: Vec<Vec<String>> = curve.lines().skip(1).map(csv_fields).collect();
+    assert_eq!(points.len(), 2 * 3, "2 methods x (base + 2 steps): {curve}");
+    assert!(points.iter().all(|p| p[1] == "taskgen" && p[5] == "6" && p[6] == "2"), "same benchmark, problems and k at every step: {curve}");
+    let base_curve: Vec<EvalRow> = read_rows(&outputs(&store, &s, "eval_base").join("eval.parquet"), Schema::Eval).unwrap();
+    for method in ["GRPO", "RREDCoT"] {
+        let mine: Vec<&Vec<String>> = points.iter().filter(|p| p[0] == method).collect();
+        assert_eq!(mine.iter().map(|p| p[2].as_str()).collect::<Vec<_>>(), ["0", "1", "2"]);
+        assert!((mine[0][3].parse::<f64>().unwrap() - avg_at_k(&base_curve).0).abs() < 1e-12, "step 0 = eval_base: {curve}");
+        let step2: Vec<EvalRow> = read_rows(&outputs(&store, &s, &format!("{}.eval[1]", method.to_lowercase())).join("eval.parquet"), Schema::Eval).unwrap();
+        let (m2, se2) = avg_at_k(&step2);
+        assert!((mine[2][3].parse::<f64>().unwrap() - m2).abs() < 1e-12 && (mine[2][4].parse::<f64>().unwrap() - se2).abs() < 1e-12, "{curve}");
+    }
+
     // Figures: both formats, the right sizes, each method's series drawn in its colour.
-    let (w, h, px) = png_pixels(&report.join("learning_curves.png"));
+    let (w, h, px) = png_pixels(&report.join("learning_curves_taskgen.png"));
     assert_eq!((w, h), (900, 560));
     // (Equal accuracies draw one line over the other, so count at least the legend swatches.)
     for colour in [[31u8, 119, 180], [255, 127, 14]] {
         let n = px.iter().filter(|p| **p == colour).count();
         assert!(n >= 30, "series colour {colour:?}: {n} pixels");
     }
-    let svg = std::fs::read_to_string(report.join("learning_curves.svg")).unwrap();
+    let svg = std::fs::read_to_string(report.join("learning_curves_taskgen.svg")).unwrap();
     assert!(svg.contains("GRPO") && svg.contains("RREDCoT"));
     for stroke in ["#1F77B4", "#FF7F0E"] {
         // The curve (3 points: base, step 1, step 2) and its legend swatch.
@@ -215,7 +234,7 @@ fn quickstart_evaluates_reports_and_exports() {
     let out = rredcot(&store, &args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("| RREDCoT |"));
-    for f in ["results.md", "results.csv", "results.tex", "learning_curves.png", "learning_curves.svg", "sigma_heatmap_RREDCoT.png"] {
+    for f in ["results.md", "results.csv", "results.tex", "learning_curves.csv", "learning_curves_taskgen.png", "learning_curves_taskgen.svg", "sigma_heatmap_RREDCoT.png"] {
         assert!(export.join(f).is_file(), "{f} exported");
     }
     args.extend(["--set", "eval.k=3"]);

@@ -146,6 +146,7 @@ fn fig4(ctx: &mut StageContext, out: &Path, md: &mut String, figures: &mut Vec<P
             .map(|(i, m)| Series {
                 label: m.to_string(),
                 points: rows.iter().filter(|r| r.method == *m && r.view == view).map(|r| (x(r), r.spearman)).collect(),
+                errors: Vec::new(),
                 color: PALETTE[i % PALETTE.len()],
             })
             .collect(),
@@ -193,8 +194,8 @@ fn fig3(ctx: &mut StageContext, out: &Path, md: &mut String, figures: &mut Vec<P
         x_desc: "truncation length (max_new_tokens)".into(),
         y_desc: "fraction of completions".into(),
         series: vec![
-            Series { label: "lost (no final answer)".into(), points: pts(|r| r.lost_fraction), color: PALETTE[3] },
-            Series { label: "truncated".into(), points: pts(|r| r.truncated_fraction), color: PALETTE[0] },
+            Series { label: "lost (no final answer)".into(), points: pts(|r| r.lost_fraction), errors: Vec::new(), color: PALETTE[3] },
+            Series { label: "truncated".into(), points: pts(|r| r.truncated_fraction), errors: Vec::new(), color: PALETTE[0] },
         ],
     };
     figures.extend(plots::line_chart(&out.join("fig3_truncation"), &chart)?);
@@ -235,15 +236,16 @@ fn fig7(ctx: &mut StageContext, out: &Path, md: &mut String, figures: &mut Vec<P
     let mut series = Vec::new();
     for (i, (label, rows)) in groups.iter().enumerate() {
         let color = PALETTE[(2 * i) % PALETTE.len()];
-        series.push(Series { label: format!("{label} bootstrap"), points: rows.iter().map(|r| (r.k as f64, r.sd_bootstrap)).collect(), color });
+        series.push(Series { label: format!("{label} bootstrap"), points: rows.iter().map(|r| (r.k as f64, r.sd_bootstrap)).collect(), errors: Vec::new(), color });
         series.push(Series {
             label: format!("{label} binomial"),
             points: rows.iter().map(|r| (r.k as f64, r.sd_binomial)).collect(),
+            errors: Vec::new(),
             color: PALETTE[(2 * i + 1) % PALETTE.len()],
         });
     }
     let (k0, k1) = all.iter().fold((i32::MAX, i32::MIN), |(a, b), r| (a.min(r.k), b.max(r.k)));
-    series.push(Series { label: format!("SD = {threshold}"), points: vec![(k0 as f64, threshold), (k1 as f64, threshold)], color: PALETTE[5] });
+    series.push(Series { label: format!("SD = {threshold}"), points: vec![(k0 as f64, threshold), (k1 as f64, threshold)], errors: Vec::new(), color: PALETTE[5] });
     let chart = LineChart { title: "SD of the MC value estimate".into(), x_desc: "MC samples k".into(), y_desc: "SD".into(), series };
     figures.extend(plots::line_chart(&out.join("fig7_mc_sd"), &chart)?);
     Ok(())

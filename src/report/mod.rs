@@ -86,10 +86,73 @@ fn build_table(title: &str, order: &[String], evals: &BTreeMap<String, (Vec<Eval
     ResultsTable { title: title.to_string(), benchmarks, rows }
 }
 
-/// Mean avg@k over benchmarks (verifier) of one eval artifact: a point of a learning curve.
-fn curve_point(rows: &[EvalRow]) -> f64 {
-    let s = summarize(rows, Grader::Verifier);
-    s.iter().map(|b| b.mean).sum::<f64>() / s.len().max(1) as f64
+/// One point of a learning curve: avg@k (verifier) of one benchmark at one step, with what it
+/// was measured on (so every point of a curve is checked to be the same metric).
+#[derive(Debug, Clone)]
+struct CurvePoint {
+    method: String,
+    benchmark: String,
+    step: i64,
+    avg_at_k: f64,
+    stderr: f64,
+    problems: i64,
+    k: i64,
+}
+
+/// The learning curves of every method, one metric per benchmark: step 0 is `start` (the base
+/// policy evaluated the same way), step i + 1 is `curves.<method>[i]`. Every point of a benchmark
+/// must be avg@k over the same problems with the same k; otherwise the curve would mix metrics
+/// (an average over other benchmarks, another sample), and that is an error naming the input.
+/// A `start` that is only a fallback (`required = false`: the table's base row) and measures
+/// something else is left out with a note instead.
+fn curve_points(curves: &BTreeMap<String, Vec<(usize, PathBuf)>>, start: Option<(&str, &[EvalRow], bool)>) -> Result<Vec<CurvePoint>> {
+    // benchmark -> (problem ids, k, the input that set them)
+    let mut shape: BTreeMap<String, (Vec<String>, usize, String)> = BTreeMap::new();
+    let mut check = |input: &str, rows: &[EvalRow], s: &BenchmarkSummary| -> Result<()> {
+        let mut ids: Vec<String> = rows.iter().filter(|r| r.benchmark == s.benchmark).map(|r| r.prompt_id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        match shape.get(&s.benchmark) {
+            None => {
+                shape.insert(s.benchmark.clone(), (ids, s.k, input.to_string()));
+            }
+            Some((want, k, first)) if *want != ids || *k != s.k => bail!(
+                "input `{input}`: benchmark `{}` is avg@{} over {} problems, but `{first}` has avg@{k} over {} problems (or other problems): a learning curve must measure the same thing at every step",
+                s.benchmark, s.k, ids.len(), want.len()
+            ),
+            Some(_) => {}
+        }
+        Ok(())
+    };
+    let mut points = Vec::new();
+    for (label, steps) in curves {
+        for (step, path) in steps {
+            let rows: Vec<EvalRow> = read_rows(path, Schema::Eval)?;
+            let input = format!("curves.{label}[{step}]");
+            for b in summarize(&rows, Grader::Verifier) {
+                check(&input, &rows, &b)?;
+                points.push(CurvePoint { method: label.clone(), benchmark: b.benchmark.clone(), step: *step as i64 + 1, avg_at_k: b.mean, stderr: b.stderr, problems: b.problems as i64, k: b.k as i64 });
+            }
+        }
+    }
+    // Step 0 for the benchmarks the curves measure (the base may have been evaluated on more).
+    if let Some((input, rows, required)) = start {
+        let measured: std::collections::BTreeSet<String> = points.iter().map(|p| p.benchmark.clone()).collect();
+        for b in summarize(rows, Grader::Verifier).into_iter().filter(|b| measured.contains(&b.benchmark)) {
+            match check(input, rows, &b) {
+                Err(e) if !required => {
+                    eprintln!("report: no step 0 for `{}`: {e:#} (wire `curve_start.<label>` to the base's per-step evaluation)", b.benchmark);
+                    continue;
+                }
+                r => r?,
+            }
+            for label in curves.keys() {
+                points.push(CurvePoint { method: label.clone(), benchmark: b.benchmark.clone(), step: 0, avg_at_k: b.mean, stderr: b.stderr, problems: b.problems as i64, k: b.k as i64 });
+            }
+        }
+    }
+    points.sort_by(|a, b| (&a.method, &a.benchmark, a.step).cmp(&(&b.method, &b.benchmark, b.step)));
+    Ok(points)
 }
 
 /// `curves.<label>[i]` members grouped by label, ordered by step i.
@@ -240,23 +303,43 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let mut figures: Vec<PathBuf> = Vec::new();
     let curves = curves(ctx)?;
     if !curves.is_empty() {
-        let start = evals.get(&base).map(|(rows, _)| curve_point(rows));
-        let mut series = Vec::new();
-        for (i, (label, steps)) in curves.iter().enumerate() {
-            let mut points: Vec<(f64, f64)> = start.map(|y| vec![(0.0, y)]).unwrap_or_default();
-            for (step, path) in steps {
-                points.push(((step + 1) as f64, curve_point(&read_rows(path, Schema::Eval)?)));
-            }
-            ctx.metric(&format!("curve_final.{label}"), points.last().map(|p| p.1).unwrap_or(f64::NAN));
-            series.push(Series { label: label.clone(), points, color: PALETTE[i % PALETTE.len()] });
-        }
-        let chart = LineChart {
-            title: "Learning curves: avg@k (verifier) after each step".into(),
-            x_desc: "training step (0 = base)".into(),
-            y_desc: "avg@k".into(),
-            series,
+        // Step 0: `curve_start` (the base evaluated like every step), else the base row's evals.
+        let start_rows: Option<(String, Vec<EvalRow>, bool)> = match members(ctx, "curve_start").as_slice() {
+            [] => evals.get(&base).map(|(rows, _)| (format!("evals.{base}"), rows.clone(), false)),
+            [(label, p)] => Some((format!("curve_start.{label}"), read_rows(p, Schema::Eval)?, true)),
+            many => bail!("{} `curve_start.*` inputs; wire one (the base policy's per-step evaluation)", many.len()),
         };
-        figures.extend(plots::line_chart(&out.join("learning_curves"), &chart)?);
+        let points = curve_points(&curves, start_rows.as_ref().map(|(n, r, req)| (n.as_str(), r.as_slice(), *req)))?;
+        // The plotted numbers, one row per (method, benchmark, step).
+        let mut curve_csv = "method,benchmark,step,avg_at_k,stderr,problems,k\n".to_string();
+        for p in &points {
+            let _ = writeln!(curve_csv, "{},{},{},{},{},{},{}", p.method, p.benchmark, p.step, p.avg_at_k, p.stderr, p.problems, p.k);
+        }
+        std::fs::write(out.join("learning_curves.csv"), curve_csv)?;
+        let benchmarks: std::collections::BTreeSet<&str> = points.iter().map(|p| p.benchmark.as_str()).collect();
+        for bench in benchmarks {
+            let mut series = Vec::new();
+            for (i, label) in curves.keys().enumerate() {
+                let mine: Vec<&CurvePoint> = points.iter().filter(|p| p.benchmark == bench && &p.method == label).collect();
+                if let Some(last) = mine.last() {
+                    ctx.metric(&format!("curve_final.{label}.{bench}"), last.avg_at_k);
+                }
+                series.push(Series {
+                    label: label.clone(),
+                    points: mine.iter().map(|p| (p.step as f64, p.avg_at_k)).collect(),
+                    errors: mine.iter().map(|p| p.stderr).collect(),
+                    color: PALETTE[i % PALETTE.len()],
+                });
+            }
+            let k = points.iter().find(|p| p.benchmark == bench).map(|p| (p.k, p.problems)).unwrap_or_default();
+            let chart = LineChart {
+                title: format!("Learning curves, {bench}: avg@{} over {} problems (± stderr)", k.0, k.1),
+                x_desc: "training step (0 = base)".into(),
+                y_desc: format!("avg@{} (verifier)", k.0),
+                series,
+            };
+            figures.extend(plots::line_chart(&out.join(format!("learning_curves_{bench}")), &chart)?);
+        }
     }
     let trace_labels: Vec<String> = members(ctx, "trace_scores").iter().map(|(l, _)| l.to_string()).collect();
     for label in &trace_labels {
@@ -269,8 +352,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             x_desc: "segments t".into(),
             y_desc: "log-probability".into(),
             series: vec![
-                Series { label: "R_t = log p(y* | x, u_1..u_t)".into(), points: xs(&t.r), color: PALETTE[0] },
-                Series { label: "v_t = log p(u* | x, u_1..u_t)".into(), points: xs(&t.v), color: PALETTE[1] },
+                Series { label: "R_t = log p(y* | x, u_1..u_t)".into(), points: xs(&t.r), errors: Vec::new(), color: PALETTE[0] },
+                Series { label: "v_t = log p(u* | x, u_1..u_t)".into(), points: xs(&t.v), errors: Vec::new(), color: PALETTE[1] },
             ],
         };
         figures.extend(plots::line_chart(&out.join(format!("value_curves_{label}")), &chart)?);

@@ -26,6 +26,8 @@ pub const PALETTE: [RGBColor; 6] =
 pub struct Series {
     pub label: String,
     pub points: Vec<(f64, f64)>,
+    /// ± half-widths of vertical error bars, one per point (empty: no error bars).
+    pub errors: Vec<f64>,
     pub color: RGBColor,
 }
 
@@ -76,7 +78,10 @@ fn draw_line_chart<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &LineCh
     root.fill(&WHITE).map_err(e)?;
     let pts = || c.series.iter().flat_map(|s| s.points.iter()).filter(|p| p.0.is_finite() && p.1.is_finite());
     let (x0, x1) = pts().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    // The y range covers the error bars too.
+    let bars = || c.series.iter().flat_map(|s| s.points.iter().zip(&s.errors)).filter(|(p, e)| p.1.is_finite() && e.is_finite());
     let (y0, y1) = pts().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let (y0, y1) = bars().fold((y0, y1), |(a, b), (p, e)| (a.min(p.1 - e), b.max(p.1 + e)));
     let mut chart = ChartBuilder::on(root)
         .caption(&c.title, ("sans-serif", 20))
         .margin(12)
@@ -94,6 +99,10 @@ fn draw_line_chart<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &LineCh
             .label(&s.label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(e)?;
+        let with_bars = s.points.iter().zip(&s.errors).filter(|(p, e)| p.0.is_finite() && p.1.is_finite() && e.is_finite() && **e > 0.0);
+        chart
+            .draw_series(with_bars.map(|(&(x, y), &err)| ErrorBar::new_vertical(x, y - err, y, y + err, color.stroke_width(1), 8)))
+            .map_err(e)?;
     }
     chart
         .configure_series_labels()
