@@ -75,7 +75,12 @@ fn one() -> u32 {
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { cpus: 1, gpus: 0, mem: None, time: None }
+        Resources {
+            cpus: 1,
+            gpus: 0,
+            mem: None,
+            time: None,
+        }
     }
 }
 
@@ -127,7 +132,10 @@ pub struct ChainDef {
 /// Parse a TOML file into `T`; errors carry the file path and toml's line/column report.
 pub fn parse_toml_file<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text = std::fs::read_to_string(path).at(path)?;
-    toml::from_str(&text).map_err(|e| EngineError::Parse { path: path.to_path_buf(), message: describe_toml_error(&text, &e) })
+    toml::from_str(&text).map_err(|e| EngineError::Parse {
+        path: path.to_path_buf(),
+        message: describe_toml_error(&text, &e),
+    })
 }
 
 /// toml's message plus an explicit "line L, column C" computed from the error span.
@@ -137,7 +145,12 @@ fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
         Some(span) => {
             let before = &text[..span.start.min(text.len())];
             let line = before.matches('\n').count() + 1;
-            let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+            let col = before
+                .rsplit('\n')
+                .next()
+                .map(|l| l.chars().count())
+                .unwrap_or(0)
+                + 1;
             let src = text.lines().nth(line - 1).unwrap_or("");
             format!("line {line}, column {col}: {msg}\n  | {src}")
         }

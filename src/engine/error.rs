@@ -8,16 +8,36 @@ pub enum EngineError {
     Parse { path: PathBuf, message: String },
 
     #[error("{path}: stage `{stage}` uses unknown stage kind `{kind}` (looked in {searched}; known kinds: {known})")]
-    UnknownKind { path: PathBuf, stage: String, kind: String, searched: String, known: String },
+    UnknownKind {
+        path: PathBuf,
+        stage: String,
+        kind: String,
+        searched: String,
+        known: String,
+    },
 
     #[error("{path}: stage kind `{kind}` names builtin `{builtin}`, which this build does not have (known builtins: {known})")]
-    UnknownBuiltin { path: PathBuf, kind: String, builtin: String, known: String },
+    UnknownBuiltin {
+        path: PathBuf,
+        kind: String,
+        builtin: String,
+        known: String,
+    },
 
     #[error("{path}: stage `{stage}`: {message}")]
-    Wiring { path: PathBuf, stage: String, message: String },
+    Wiring {
+        path: PathBuf,
+        stage: String,
+        message: String,
+    },
 
     #[error("{path}: stage `{stage}` param `{param}`: {message}")]
-    Param { path: PathBuf, stage: String, param: String, message: String },
+    Param {
+        path: PathBuf,
+        stage: String,
+        param: String,
+        message: String,
+    },
 
     #[error("{path}: the pipeline has a cycle: {cycle}")]
     Cycle { path: PathBuf, cycle: String },
@@ -32,10 +52,17 @@ pub enum EngineError {
     Store { path: PathBuf, message: String },
 
     #[error("instance {key} ({stage}): {message}")]
-    Instance { key: String, stage: String, message: String },
+    Instance {
+        key: String,
+        stage: String,
+        message: String,
+    },
 
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -47,6 +74,9 @@ pub trait IoContext<T> {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T> {
-        self.map_err(|source| EngineError::Io { path: path.into(), source })
+        self.map_err(|source| EngineError::Io {
+            path: path.into(),
+            source,
+        })
     }
 }

@@ -37,9 +37,15 @@ pub enum ExecOutcome {
 
 pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Result<ExecOutcome> {
     let spec = store.read_spec(key)?;
-    let fail = |m: String| EngineError::Instance { key: short(key).to_string(), stage: spec.instance.clone(), message: m };
+    let fail = |m: String| EngineError::Instance {
+        key: short(key).to_string(),
+        stage: spec.instance.clone(),
+        message: m,
+    };
     if spec.compute_key() != key {
-        return Err(fail("spec does not hash to its key (edited by hand?)".into()));
+        return Err(fail(
+            "spec does not hash to its key (edited by hand?)".into(),
+        ));
     }
     let builtin = match &spec.runner {
         RunnerSpec::Builtin { name, needs_ml } => match (rt.resolve)(name) {
@@ -53,7 +59,11 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     let _lock = match store.try_lock(key)? {
         Some(l) => l,
         None => {
-            eprintln!("instance {} ({}) is being written by another process; waiting", short(key), spec.instance);
+            eprintln!(
+                "instance {} ({}) is being written by another process; waiting",
+                short(key),
+                spec.instance
+            );
             store.lock(key)?
         }
     };
@@ -66,13 +76,29 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     // Inputs must be committed and unchanged since planning.
     let mut inputs = BTreeMap::new();
     for (name, inp) in &spec.inputs {
-        let schema = Schema::parse(&inp.schema).ok_or_else(|| fail(format!("input `{name}`: unknown schema {}", inp.schema)))?;
+        let schema = Schema::parse(&inp.schema)
+            .ok_or_else(|| fail(format!("input `{name}`: unknown schema {}", inp.schema)))?;
         let path = match &inp.source {
-            InputSource::Instance { key: up, stage, output } => {
-                let rec = store.record(up).ok_or_else(|| fail(format!("input `{name}`: upstream {stage} ({}) is not committed", short(up))))?;
-                let out = rec.outputs.get(output).ok_or_else(|| fail(format!("input `{name}`: upstream {stage} has no output `{output}`")))?;
+            InputSource::Instance {
+                key: up,
+                stage,
+                output,
+            } => {
+                let rec = store.record(up).ok_or_else(|| {
+                    fail(format!(
+                        "input `{name}`: upstream {stage} ({}) is not committed",
+                        short(up)
+                    ))
+                })?;
+                let out = rec.outputs.get(output).ok_or_else(|| {
+                    fail(format!(
+                        "input `{name}`: upstream {stage} has no output `{output}`"
+                    ))
+                })?;
                 if out.hash != inp.hash {
-                    return Err(fail(format!("input `{name}`: upstream {stage} output `{output}` changed since planning")));
+                    return Err(fail(format!(
+                        "input `{name}`: upstream {stage} output `{output}` changed since planning"
+                    )));
                 }
                 let up_schema = Schema::parse(&out.schema).unwrap_or(schema);
                 up_schema.output_path(&store.outputs_dir(up), output)
@@ -80,7 +106,10 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
             InputSource::File { path } => {
                 let h = super::store::hash_source(path)?;
                 if h != inp.hash {
-                    return Err(fail(format!("input `{name}`: {} changed since planning", path.display())));
+                    return Err(fail(format!(
+                        "input `{name}`: {} changed since planning",
+                        path.display()
+                    )));
                 }
                 path.clone()
             }
@@ -94,7 +123,8 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     std::fs::create_dir_all(&scratch).at(&scratch)?;
     let mut outputs = BTreeMap::new();
     for (name, s) in &spec.outputs {
-        let schema = Schema::parse(s).ok_or_else(|| fail(format!("output `{name}`: unknown schema {s}")))?;
+        let schema =
+            Schema::parse(s).ok_or_else(|| fail(format!("output `{name}`: unknown schema {s}")))?;
         let p = schema.output_path(&outputs_dir, name);
         if schema.is_dir() {
             std::fs::create_dir_all(&p).at(&p)?;
@@ -109,8 +139,16 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         key: key.to_string(),
         params: spec.params.clone(),
         inputs,
-        input_hashes: spec.inputs.iter().map(|(n, i)| (n.clone(), i.hash.clone())).collect(),
-        input_sources: spec.inputs.iter().map(|(n, i)| (n.clone(), i.source.clone())).collect(),
+        input_hashes: spec
+            .inputs
+            .iter()
+            .map(|(n, i)| (n.clone(), i.hash.clone()))
+            .collect(),
+        input_sources: spec
+            .inputs
+            .iter()
+            .map(|(n, i)| (n.clone(), i.source.clone()))
+            .collect(),
         outputs,
         scratch: scratch.clone(),
         cache_dir: store.cache_dir(),
@@ -132,9 +170,14 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     for (name, (schema, path)) in &ctx.outputs {
         if let Err(e) = validate_output(*schema, path) {
             let _ = std::fs::remove_dir_all(&tmp);
-            return Err(fail(format!("output `{name}` does not match schema `{schema}`: {e}")));
+            return Err(fail(format!(
+                "output `{name}` does not match schema `{schema}`: {e}"
+            )));
         }
-        out_recs.insert(name.clone(), hash_output(&outputs_dir, path, schema.name())?);
+        out_recs.insert(
+            name.clone(),
+            hash_output(&outputs_dir, path, schema.name())?,
+        );
     }
     let rec = RunRecord {
         key: key.to_string(),
@@ -164,7 +207,11 @@ fn run_builtin(f: BuiltinFn, ctx: &mut StageContext) -> std::result::Result<(), 
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("{e:#}")),
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
             Err(format!("stage panicked: {msg}"))
         }
     }
@@ -192,8 +239,20 @@ fn substitute(word: &str, io: &Path, script: Option<&Path>, ctx: &StageContext) 
     s
 }
 
-fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std::result::Result<(), String> {
-    let RunnerSpec::External { command, script, workdir, .. } = &spec.runner else { unreachable!("external runner") };
+fn run_external(
+    spec: &InstanceSpec,
+    ctx: &mut StageContext,
+    tmp: &Path,
+) -> std::result::Result<(), String> {
+    let RunnerSpec::External {
+        command,
+        script,
+        workdir,
+        ..
+    } = &spec.runner
+    else {
+        unreachable!("external runner")
+    };
     let io_path = tmp.join("io.json");
     let counters_path = tmp.join("counters.json");
     let io = json!({
@@ -205,11 +264,15 @@ fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std:
         "counters": counters_path,
         "scratch": ctx.scratch,
     });
-    std::fs::write(&io_path, serde_json::to_vec_pretty(&io).expect("json")).map_err(|e| format!("{}: {e}", io_path.display()))?;
+    std::fs::write(&io_path, serde_json::to_vec_pretty(&io).expect("json"))
+        .map_err(|e| format!("{}: {e}", io_path.display()))?;
     let script = script.as_deref();
     let mut cmd = match command {
         Command::Argv(argv) if !argv.is_empty() => {
-            let words: Vec<String> = argv.iter().map(|w| substitute(w, &io_path, script, ctx)).collect();
+            let words: Vec<String> = argv
+                .iter()
+                .map(|w| substitute(w, &io_path, script, ctx))
+                .collect();
             let mut c = Proc::new(&words[0]);
             c.args(&words[1..]);
             c
@@ -229,7 +292,12 @@ fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std:
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped());
     die_with_parent(&mut cmd);
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start external command {command:?} in {}: {e}", workdir.display()))?;
+    let mut child = cmd.spawn().map_err(|e| {
+        format!(
+            "cannot start external command {command:?} in {}: {e}",
+            workdir.display()
+        )
+    })?;
     let tail = Arc::new(Mutex::new(VecDeque::<String>::new()));
     let stderr = child.stderr.take().expect("piped");
     let t = {
@@ -245,15 +313,29 @@ fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std:
             }
         })
     };
-    let status = child.wait().map_err(|e| format!("waiting for external command: {e}"))?;
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for external command: {e}"))?;
     let _ = t.join();
     if !status.success() {
-        let tail = tail.lock().expect("tail").iter().cloned().collect::<Vec<_>>().join("\n");
-        return Err(format!("external command {command:?} failed ({status}); last lines of its stderr:\n{tail}"));
+        let tail = tail
+            .lock()
+            .expect("tail")
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n");
+        return Err(format!(
+            "external command {command:?} failed ({status}); last lines of its stderr:\n{tail}"
+        ));
     }
     if let Ok(text) = std::fs::read(&counters_path) {
-        let parsed: BTreeMap<String, Value> =
-            serde_json::from_slice(&text).map_err(|e| format!("{}: counters must be a JSON object: {e}", counters_path.display()))?;
+        let parsed: BTreeMap<String, Value> = serde_json::from_slice(&text).map_err(|e| {
+            format!(
+                "{}: counters must be a JSON object: {e}",
+                counters_path.display()
+            )
+        })?;
         for (k, v) in parsed {
             match v.as_i64() {
                 Some(i) => ctx.count(&k, i),
@@ -304,7 +386,10 @@ pub fn hostname() -> String {
 pub fn versions() -> BTreeMap<String, String> {
     let mut v = BTreeMap::new();
     v.insert("rredcot".into(), env!("CARGO_PKG_VERSION").into());
-    for pair in env!("RREDCOT_DEP_VERSIONS").split(',').filter(|s| !s.is_empty()) {
+    for pair in env!("RREDCOT_DEP_VERSIONS")
+        .split(',')
+        .filter(|s| !s.is_empty())
+    {
         if let Some((k, ver)) = pair.split_once('=') {
             v.insert(k.into(), ver.into());
         }

@@ -30,7 +30,14 @@ pub struct LocalExecutor {
 impl LocalExecutor {
     pub fn new(store: Store, exe: PathBuf, has_gpus: bool) -> Self {
         let (tx, rx) = channel();
-        LocalExecutor { store, exe, has_gpus, tx, rx, pids: HashMap::new() }
+        LocalExecutor {
+            store,
+            exe,
+            has_gpus,
+            tx,
+            rx,
+            pids: HashMap::new(),
+        }
     }
 }
 
@@ -45,19 +52,36 @@ impl Executor for LocalExecutor {
             _ => self.exe.clone(),
         };
         let mut cmd = Command::new(&exe);
-        cmd.arg("stage").arg("exec").arg("--store").arg(&self.store.root);
+        cmd.arg("stage")
+            .arg("exec")
+            .arg("--store")
+            .arg(&self.store.root);
         if force {
             cmd.arg("--force");
         }
-        cmd.arg(&spec.key).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.arg(&spec.key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         if !gpu_ids.is_empty() {
-            cmd.env("CUDA_VISIBLE_DEVICES", gpu_ids.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
+            cmd.env(
+                "CUDA_VISIBLE_DEVICES",
+                gpu_ids
+                    .iter()
+                    .map(|g| g.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
         } else if self.has_gpus {
             cmd.env("CUDA_VISIBLE_DEVICES", "");
         }
         die_with_parent(&mut cmd);
         let log_path = self.store.log_path(&spec.key);
-        let log = OpenOptions::new().create(true).append(true).open(&log_path).at(&log_path)?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .at(&log_path)?;
         let log = Arc::new(Mutex::new(log));
         let mut child = cmd.spawn().map_err(|e| EngineError::Instance {
             key: spec.key.clone(),
@@ -79,7 +103,12 @@ impl Executor for LocalExecutor {
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
                 match parse_progress(&line) {
                     Some((pos, len, message)) => {
-                        let _ = tx.send(Event::Progress { key: key.clone(), pos, len, message });
+                        let _ = tx.send(Event::Progress {
+                            key: key.clone(),
+                            pos,
+                            len,
+                            message,
+                        });
                     }
                     None => {
                         let _ = writeln!(log.lock().expect("log"), "{line}");

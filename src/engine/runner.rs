@@ -35,8 +35,17 @@ pub struct RunOptions {
 
 /// What a finished launch reports.
 pub enum Event {
-    Progress { key: String, pos: u64, len: u64, message: String },
-    Finished { key: String, ok: bool, message: String },
+    Progress {
+        key: String,
+        pos: u64,
+        len: u64,
+        message: String,
+    },
+    Finished {
+        key: String,
+        ok: bool,
+        message: String,
+    },
 }
 
 /// Where instances run: local child processes or cluster jobs. Each runs `stage exec KEY`.
@@ -82,14 +91,19 @@ pub fn detect_gpus() -> usize {
         return n.parse().unwrap_or(0);
     }
     if let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") {
-        return v.split(',').filter(|s| !s.trim().is_empty() && s.trim() != "-1").count();
+        return v
+            .split(',')
+            .filter(|s| !s.trim().is_empty() && s.trim() != "-1")
+            .count();
     }
     std::fs::read_dir("/dev")
         .map(|d| {
             d.flatten()
                 .filter(|e| {
                     let n = e.file_name().to_string_lossy().to_string();
-                    n.strip_prefix("nvidia").map(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit())).unwrap_or(false)
+                    n.strip_prefix("nvidia")
+                        .map(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()))
+                        .unwrap_or(false)
                 })
                 .count()
         })
@@ -106,8 +120,15 @@ impl Ui {
     fn new(total: u64) -> Ui {
         let mp = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
         let overall = mp.add(ProgressBar::new(total));
-        overall.set_style(ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} stages {msg}").expect("template"));
-        Ui { mp, overall, bars: BTreeMap::new() }
+        overall.set_style(
+            ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} stages {msg}")
+                .expect("template"),
+        );
+        Ui {
+            mp,
+            overall,
+            bars: BTreeMap::new(),
+        }
     }
 
     fn line(&self, s: &str) {
@@ -121,7 +142,10 @@ impl Ui {
     fn progress(&mut self, key: &str, label: &str, pos: u64, len: u64, msg: &str) {
         let bar = self.bars.entry(key.to_string()).or_insert_with(|| {
             let b = self.mp.add(ProgressBar::new(len));
-            b.set_style(ProgressStyle::with_template("  {prefix:24} {bar:24} {pos}/{len} {msg}").expect("template"));
+            b.set_style(
+                ProgressStyle::with_template("  {prefix:24} {bar:24} {pos}/{len} {msg}")
+                    .expect("template"),
+            );
             b.set_prefix(label.to_string());
             b
         });
@@ -139,7 +163,12 @@ impl Ui {
     }
 }
 
-pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dyn Executor) -> Result<RunSummary> {
+pub fn run_pipeline(
+    plan: &Plan,
+    store: &Store,
+    opts: &RunOptions,
+    exec: &mut dyn Executor,
+) -> Result<RunSummary> {
     let t0 = Instant::now();
     let n = plan.nodes.len();
     let mut targets = vec![true; n];
@@ -171,7 +200,10 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
     let mut refs_dirty = false;
     let mut states: Vec<State> = vec![State::Waiting; n];
     let mut done_recs: Vec<Option<Arc<RunRecord>>> = vec![None; n];
-    let mut summary = RunSummary { pipeline: plan.name.clone(), ..Default::default() };
+    let mut summary = RunSummary {
+        pipeline: plan.name.clone(),
+        ..Default::default()
+    };
     let total = targets.iter().filter(|t| **t).count() as u64;
     let mut ui = Ui::new(total);
     let mut queue: VecDeque<usize> = VecDeque::new();
@@ -180,7 +212,9 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
     let mut running = 0usize;
     let mut stop_launching = false;
     let index_of_key = |states: &Vec<State>, key: &str| {
-        states.iter().position(|s| matches!(s, State::Running(sp, _) if sp.key == key))
+        states
+            .iter()
+            .position(|s| matches!(s, State::Running(sp, _) if sp.key == key))
     };
 
     loop {
@@ -192,15 +226,24 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
                 if !targets[i] || !matches!(states[i], State::Waiting) {
                     continue;
                 }
-                if ups[i].iter().any(|&u| matches!(states[u], State::Failed | State::Blocked)) {
+                if ups[i]
+                    .iter()
+                    .any(|&u| matches!(states[u], State::Failed | State::Blocked))
+                {
                     states[i] = State::Blocked;
                     summary.not_run.push(plan.nodes[i].name.clone());
                     progressed = true;
                     continue;
                 }
-                if let Some(&u) = ups[i].iter().find(|&&u| matches!(states[u], State::Unknown)) {
+                if let Some(&u) = ups[i]
+                    .iter()
+                    .find(|&&u| matches!(states[u], State::Unknown))
+                {
                     states[i] = State::Unknown;
-                    summary.would_run.push((plan.nodes[i].name.clone(), vec![format!("upstream `{}` will run", plan.nodes[u].name)]));
+                    summary.would_run.push((
+                        plan.nodes[i].name.clone(),
+                        vec![format!("upstream `{}` will run", plan.nodes[u].name)],
+                    ));
                     progressed = true;
                     continue;
                 }
@@ -208,9 +251,15 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
                     continue;
                 }
                 let spec = resolver.spec(i, &done_recs)?;
-                summary.keys.insert(plan.nodes[i].name.clone(), spec.key.clone());
+                summary
+                    .keys
+                    .insert(plan.nodes[i].name.clone(), spec.key.clone());
                 progressed = true;
-                let cached = if forced[i] { None } else { store.record(&spec.key) };
+                let cached = if forced[i] {
+                    None
+                } else {
+                    store.record(&spec.key)
+                };
                 let cached = match cached {
                     Some(rec) => match store.quick_check(&rec) {
                         Ok(()) => Some(rec),
@@ -218,7 +267,12 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
                             let _lock = store.lock(&spec.key)?;
                             if store.record(&spec.key).is_some() {
                                 let dest = store.quarantine(&spec.key, &why)?;
-                                ui.line(&format!("corrupt  {} ({}): {why}; moved to {} and recomputing", plan.nodes[i].name, short(&spec.key), dest.display()));
+                                ui.line(&format!(
+                                    "corrupt  {} ({}): {why}; moved to {} and recomputing",
+                                    plan.nodes[i].name,
+                                    short(&spec.key),
+                                    dest.display()
+                                ));
                             }
                             None
                         }
@@ -228,7 +282,11 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
                 };
                 if let Some(rec) = cached {
                     if opts.verbose {
-                        ui.line(&format!("cached   {} ({})", plan.nodes[i].name, short(&spec.key)));
+                        ui.line(&format!(
+                            "cached   {} ({})",
+                            plan.nodes[i].name,
+                            short(&spec.key)
+                        ));
                     }
                     note_ref(&mut refs, &mut refs_dirty, &spec);
                     let rec = Arc::new(rec);
@@ -245,7 +303,11 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
                     states[i] = State::Unknown;
                 } else {
                     if opts.verbose || refs.contains_key(&spec.instance) {
-                        let why = if forced[i] { vec!["forced".to_string()] } else { why_not_cached(store, &refs, &spec) };
+                        let why = if forced[i] {
+                            vec!["forced".to_string()]
+                        } else {
+                            why_not_cached(store, &refs, &spec)
+                        };
                         tracing::info!(stage = %spec.instance, key = %short(&spec.key), "will run: {}", why.join("; "));
                     }
                     states[i] = State::Queued(Box::new(spec));
@@ -265,9 +327,15 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
         if !stop_launching {
             let mut deferred = VecDeque::new();
             while let Some(i) = queue.pop_front() {
-                let State::Queued(spec) = states[i].clone() else { continue };
+                let State::Queued(spec) = states[i].clone() else {
+                    continue;
+                };
                 let cpus = (spec.resources.cpus.max(1) as usize).min(opts.jobs.max(1));
-                let gpus = if opts.gpus == 0 { 0 } else { spec.resources.gpus as usize };
+                let gpus = if opts.gpus == 0 {
+                    0
+                } else {
+                    spec.resources.gpus as usize
+                };
                 if gpus > opts.gpus {
                     return Err(EngineError::Instance {
                         key: short(&spec.key).into(),
@@ -288,7 +356,11 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
                 } else {
                     store.write_spec(&spec)?;
                 }
-                ui.line(&format!("run      {} ({})", spec.instance, short(&spec.key)));
+                ui.line(&format!(
+                    "run      {} ({})",
+                    spec.instance,
+                    short(&spec.key)
+                ));
                 exec.launch(&spec, &ids, forced[i])?;
                 running += 1;
                 states[i] = State::Running(spec, ids);
@@ -302,14 +374,23 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
 
         for ev in exec.poll(Duration::from_millis(100)) {
             match ev {
-                Event::Progress { key, pos, len, message } => {
+                Event::Progress {
+                    key,
+                    pos,
+                    len,
+                    message,
+                } => {
                     if let Some(i) = index_of_key(&states, &key) {
                         ui.progress(&key, &plan.nodes[i].name, pos, len, &message);
                     }
                 }
                 Event::Finished { key, ok, message } => {
-                    let Some(i) = index_of_key(&states, &key) else { continue };
-                    let State::Running(spec, ids) = states[i].clone() else { continue };
+                    let Some(i) = index_of_key(&states, &key) else {
+                        continue;
+                    };
+                    let State::Running(spec, ids) = states[i].clone() else {
+                        continue;
+                    };
                     running -= 1;
                     cpu_free += (spec.resources.cpus.max(1) as usize).min(opts.jobs.max(1));
                     gpu_free.extend(ids);
@@ -318,7 +399,12 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
                     let rec = if ok { store.record(&key) } else { None };
                     match rec {
                         Some(rec) => {
-                            ui.line(&format!("done     {} ({}) in {:.2}s", spec.instance, short(&key), rec.wall_s));
+                            ui.line(&format!(
+                                "done     {} ({}) in {:.2}s",
+                                spec.instance,
+                                short(&key),
+                                rec.wall_s
+                            ));
                             for (k, v) in &rec.counters {
                                 *summary.counters.entry(k.clone()).or_insert(0) += v;
                             }
@@ -362,8 +448,18 @@ pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dy
 }
 
 fn note_ref(refs: &mut BTreeMap<String, RefEntry>, dirty: &mut bool, spec: &InstanceSpec) {
-    if refs.get(&spec.instance).map(|r| r.key != spec.key).unwrap_or(true) {
-        refs.insert(spec.instance.clone(), RefEntry { key: spec.key.clone(), material: spec.key_material() });
+    if refs
+        .get(&spec.instance)
+        .map(|r| r.key != spec.key)
+        .unwrap_or(true)
+    {
+        refs.insert(
+            spec.instance.clone(),
+            RefEntry {
+                key: spec.key.clone(),
+                material: spec.key_material(),
+            },
+        );
         *dirty = true;
     }
 }
@@ -371,8 +467,15 @@ fn note_ref(refs: &mut BTreeMap<String, RefEntry>, dirty: &mut bool, spec: &Inst
 /// The last `n` lines of a log file, indented.
 pub fn log_tail(path: &std::path::Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with(super::context::PROGRESS_PREFIX)).collect();
-    lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("  | {l}")).collect::<Vec<_>>().join("\n")
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with(super::context::PROGRESS_PREFIX))
+        .collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| format!("  | {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Every instance key a set of plans currently references (for `artifact gc`).

@@ -47,18 +47,33 @@ pub struct RefEntry {
 
 impl Store {
     pub fn open(root: &Path) -> Result<Store> {
-        for sub in ["instances", "tmp", "locks", "specs", "logs", "refs", "quarantine"] {
+        for sub in [
+            "instances",
+            "tmp",
+            "locks",
+            "specs",
+            "logs",
+            "refs",
+            "quarantine",
+        ] {
             fs::create_dir_all(root.join(sub)).at(root.join(sub))?;
         }
-        Ok(Store { root: root.to_path_buf() })
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
     }
 
     /// Open without creating anything (read-only commands).
     pub fn existing(root: &Path) -> Result<Store> {
         if !root.join("instances").is_dir() {
-            return Err(EngineError::Store { path: root.to_path_buf(), message: "no store here (nothing has run yet?)".into() });
+            return Err(EngineError::Store {
+                path: root.to_path_buf(),
+                message: "no store here (nothing has run yet?)".into(),
+            });
         }
-        Ok(Store { root: root.to_path_buf() })
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
     }
 
     pub fn instance_dir(&self, key: &str) -> PathBuf {
@@ -103,19 +118,31 @@ impl Store {
         for (name, o) in &rec.outputs {
             for f in &o.files {
                 let p = out.join(&f.path);
-                let md = fs::metadata(&p).map_err(|e| format!("output `{name}`: {}: {e}", p.display()))?;
+                let md = fs::metadata(&p)
+                    .map_err(|e| format!("output `{name}`: {}: {e}", p.display()))?;
                 if md.len() != f.bytes {
-                    return Err(format!("output `{name}`: {} has {} bytes, recorded {}", p.display(), md.len(), f.bytes));
+                    return Err(format!(
+                        "output `{name}`: {} has {} bytes, recorded {}",
+                        p.display(),
+                        md.len(),
+                        f.bytes
+                    ));
                 }
                 if full || f.bytes <= REHASH_LIMIT {
                     let h = sha256_file(&p).map_err(|e| e.to_string())?;
                     if h != f.sha256 {
-                        return Err(format!("output `{name}`: {} content hash changed", p.display()));
+                        return Err(format!(
+                            "output `{name}`: {} content hash changed",
+                            p.display()
+                        ));
                     }
                 } else if mtime_ns(&md) != f.mtime_ns {
                     let h = sha256_file(&p).map_err(|e| e.to_string())?;
                     if h != f.sha256 {
-                        return Err(format!("output `{name}`: {} content hash changed", p.display()));
+                        return Err(format!(
+                            "output `{name}`: {} content hash changed",
+                            p.display()
+                        ));
                     }
                 }
             }
@@ -125,7 +152,10 @@ impl Store {
 
     /// Move an instance aside (corrupt or superseded); nothing is deleted.
     pub fn quarantine(&self, key: &str, why: &str) -> Result<PathBuf> {
-        let stamp = std::time::SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let stamp = std::time::SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         let dest = self.root.join("quarantine").join(format!("{key}.{stamp}"));
         fs::rename(self.instance_dir(key), &dest).at(&dest)?;
         fs::write(dest.join("QUARANTINED"), format!("{why}\n")).at(&dest)?;
@@ -184,24 +214,38 @@ impl Store {
     }
 
     pub fn write_spec(&self, spec: &InstanceSpec) -> Result<()> {
-        atomic_write(&self.spec_path(&spec.key), &serde_json::to_vec_pretty(spec).expect("spec serializes"))
+        atomic_write(
+            &self.spec_path(&spec.key),
+            &serde_json::to_vec_pretty(spec).expect("spec serializes"),
+        )
     }
 
     pub fn read_spec(&self, key: &str) -> Result<InstanceSpec> {
         let p = self.spec_path(key);
         let text = fs::read(&p).map_err(|e| EngineError::Store {
             path: p.clone(),
-            message: format!("no spec for instance {key} ({e}); run `rredcot pipeline run` to plan it"),
+            message: format!(
+                "no spec for instance {key} ({e}); run `rredcot pipeline run` to plan it"
+            ),
         })?;
-        serde_json::from_slice(&text).map_err(|e| EngineError::Parse { path: p, message: e.to_string() })
+        serde_json::from_slice(&text).map_err(|e| EngineError::Parse {
+            path: p,
+            message: e.to_string(),
+        })
     }
 
     pub fn read_refs(&self, pipeline: &str) -> BTreeMap<String, RefEntry> {
-        fs::read(self.refs_path(pipeline)).ok().and_then(|t| serde_json::from_slice(&t).ok()).unwrap_or_default()
+        fs::read(self.refs_path(pipeline))
+            .ok()
+            .and_then(|t| serde_json::from_slice(&t).ok())
+            .unwrap_or_default()
     }
 
     pub fn write_refs(&self, pipeline: &str, refs: &BTreeMap<String, RefEntry>) -> Result<()> {
-        atomic_write(&self.refs_path(pipeline), &serde_json::to_vec(refs).expect("refs serialize"))
+        atomic_write(
+            &self.refs_path(pipeline),
+            &serde_json::to_vec(refs).expect("refs serialize"),
+        )
     }
 
     fn refs_path(&self, pipeline: &str) -> PathBuf {
@@ -211,15 +255,22 @@ impl Store {
     /// Keys of every committed instance directory.
     pub fn instance_keys(&self) -> Result<Vec<String>> {
         let dir = self.root.join("instances");
-        let mut keys: Vec<String> =
-            fs::read_dir(&dir).at(&dir)?.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+        let mut keys: Vec<String> = fs::read_dir(&dir)
+            .at(&dir)?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect();
         keys.sort();
         Ok(keys)
     }
 }
 
 fn mtime_ns(md: &fs::Metadata) -> i128 {
-    md.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i128).unwrap_or(0)
+    md.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
 }
 
 /// All regular files under `root` as sorted relative paths.
@@ -233,7 +284,12 @@ fn list_files(root: &Path) -> Result<Vec<PathBuf>> {
             if ft.is_dir() {
                 stack.push(e.path());
             } else if ft.is_file() {
-                out.push(e.path().strip_prefix(root).expect("under root").to_path_buf());
+                out.push(
+                    e.path()
+                        .strip_prefix(root)
+                        .expect("under root")
+                        .to_path_buf(),
+                );
             }
         }
     }
@@ -246,7 +302,11 @@ fn list_files(root: &Path) -> Result<Vec<PathBuf>> {
 /// output and an identical source file hash equal.
 pub fn hash_output(outputs_dir: &Path, path: &Path, schema: &str) -> Result<OutputRecord> {
     let rel_base = path.strip_prefix(outputs_dir).unwrap_or(path).to_path_buf();
-    let inner: Vec<Option<PathBuf>> = if path.is_dir() { list_files(path)?.into_iter().map(Some).collect() } else { vec![None] };
+    let inner: Vec<Option<PathBuf>> = if path.is_dir() {
+        list_files(path)?.into_iter().map(Some).collect()
+    } else {
+        vec![None]
+    };
     let mut files = Vec::new();
     let mut pairs = Vec::new();
     for within in inner {
@@ -257,10 +317,24 @@ pub fn hash_output(outputs_dir: &Path, path: &Path, schema: &str) -> Result<Outp
         let full = outputs_dir.join(&rel);
         let md = fs::metadata(&full).at(&full)?;
         let sha = sha256_file(&full)?;
-        pairs.push((within.map(|w| w.to_string_lossy().to_string()).unwrap_or_default(), sha.clone()));
-        files.push(FileRecord { path: rel.to_string_lossy().to_string(), bytes: md.len(), sha256: sha, mtime_ns: mtime_ns(&md) });
+        pairs.push((
+            within
+                .map(|w| w.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            sha.clone(),
+        ));
+        files.push(FileRecord {
+            path: rel.to_string_lossy().to_string(),
+            bytes: md.len(),
+            sha256: sha,
+            mtime_ns: mtime_ns(&md),
+        });
     }
-    Ok(OutputRecord { schema: schema.to_string(), hash: manifest_hash(&pairs), files })
+    Ok(OutputRecord {
+        schema: schema.to_string(),
+        hash: manifest_hash(&pairs),
+        files,
+    })
 }
 
 /// Content hash of a source file or directory named by a `file:` input.
@@ -268,7 +342,12 @@ pub fn hash_source(path: &Path) -> Result<String> {
     if path.is_dir() {
         let pairs = list_files(path)?
             .into_iter()
-            .map(|rel| Ok((rel.to_string_lossy().to_string(), sha256_file(&path.join(&rel))?)))
+            .map(|rel| {
+                Ok((
+                    rel.to_string_lossy().to_string(),
+                    sha256_file(&path.join(&rel))?,
+                ))
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(manifest_hash(&pairs))
     } else {
