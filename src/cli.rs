@@ -9,15 +9,14 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::artifact::Schema;
 use crate::engine::exec::{exec_instance, worker_exe, ExecOutcome};
+use crate::engine::group as signals;
 use crate::engine::local::LocalExecutor;
 use crate::engine::plan::{InputRef, ParamSource};
 use crate::engine::resolve::{why_not_cached, Resolver};
-use crate::engine::runner::{
-    detect_gpus, referenced_keys, run_pipeline, self_exe, RunOptions, INTERRUPTED,
-};
+use crate::engine::runner::{detect_gpus, referenced_keys, run_pipeline, self_exe, RunOptions};
 use crate::engine::slurm::{SlurmExecutor, SlurmProfile};
 use crate::engine::spec::short;
-use crate::engine::{load_plan, Plan, Runtime, SetArg, Store};
+use crate::engine::{load_plan, EngineError, Plan, Runtime, SetArg, Store};
 
 #[derive(Parser)]
 #[command(
@@ -221,7 +220,11 @@ pub fn main(rt: &Runtime, serve: Option<ServeFn>) -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            1
+            // A `stage exec` stopped by SIGINT/SIGTERM says so in its exit code (128 + signal).
+            match e.downcast_ref::<EngineError>() {
+                Some(EngineError::Interrupted { signal, .. }) => 128 + signal,
+                _ => 1,
+            }
         }
     }
 }
@@ -273,7 +276,16 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             json,
         }) => {
             let p = load(&plan, rt)?;
-            let store = Store::open(&root)?;
+            // A dry run writes nothing, not even a new store.
+            let store = if dry_run {
+                Store::existing(&root).unwrap_or_else(|_| Store::unopened(&root))
+            } else {
+                let store = Store::open(&root)?;
+                for path in store.clean_stale() {
+                    tracing::info!("removed {} (left by an interrupted writer)", path.display());
+                }
+                store
+            };
             let slurm = matches!(executor, ExecutorKind::Slurm);
             if profile.is_some() && !slurm {
                 bail!("--profile is for --executor slurm");
@@ -301,8 +313,8 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                 gpus,
                 verbose: cli.verbose,
             };
-            let _ =
-                ctrlc::set_handler(|| INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst));
+            // Ctrl-C/SIGTERM are recorded and handled by the runner (stop, then report).
+            signals::install_handlers(true);
             let mut exec: Box<dyn crate::engine::runner::Executor> = match executor {
                 ExecutorKind::Local => {
                     Box::new(LocalExecutor::new(store.clone(), self_exe(), gpus > 0))
@@ -338,9 +350,19 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                 .iter()
                 .map(|(k, v)| format!(" {k}={v}"))
                 .collect::<String>();
+            let reused = if summary.reused.is_empty() {
+                String::new()
+            } else {
+                format!(", {} reused", summary.reused.len())
+            };
             eprintln!(
-                "pipeline {}: {} ran, {} cached, {} failed, {} not run in {:.2}s{}",
+                "pipeline {}{}: {} ran, {} cached{reused}, {} failed, {} not run in {:.2}s{}",
                 p.name,
+                if summary.interrupted {
+                    " interrupted"
+                } else {
+                    ""
+                },
                 summary.ran.len(),
                 summary.cached.len(),
                 summary.failed.len(),
@@ -348,12 +370,12 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                 summary.wall_s,
                 counters
             );
-            Ok(if summary.interrupted {
-                130
-            } else if !summary.failed.is_empty() {
-                1
-            } else {
-                0
+            // Interrupted: 128 + the signal, as a shell reports it (130 for Ctrl-C, 143 for SIGTERM).
+            Ok(match summary.signal {
+                Some(sig) => 128 + sig,
+                None if summary.interrupted => 130,
+                None if !summary.failed.is_empty() => 1,
+                None => 0,
             })
         }
         Cmd::Pipeline(PipelineCmd::Status { plan }) => {
@@ -385,6 +407,9 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
         }
         Cmd::Stage(StageCmd::Exec { key, force }) => {
             let store = Store::open(&root)?;
+            // SIGINT/SIGTERM kill us as before, except while an external command runs: then they
+            // are passed on to its process group and nothing is committed.
+            signals::install_handlers(false);
             match exec_instance(&store, &key, rt, force)? {
                 ExecOutcome::Ran(rec) => {
                     eprintln!(
@@ -408,28 +433,23 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
         }
         Cmd::Artifact(ArtifactCmd::Verify { fix }) => {
             let store = Store::existing(&root)?;
-            let mut bad = 0;
-            let keys = store.instance_keys()?;
-            for key in &keys {
-                let problem = match store.record(key) {
-                    None => Some("no readable run.json (incomplete)".to_string()),
-                    Some(rec) => store.verify(&rec).err(),
-                };
-                if let Some(why) = problem {
-                    bad += 1;
-                    println!("CORRUPT {} {why}", short(key));
-                    if fix {
-                        let dest = store.quarantine(key, &why)?;
-                        println!("  moved to {}", dest.display());
-                    }
+            let report = verify_store(&store)?;
+            for (key, why) in &report.corrupt {
+                println!("CORRUPT {} {why}", short(key));
+            }
+            for (key, why) in &report.suspect {
+                println!("SUSPECT {} {why}", short(key));
+            }
+            if fix {
+                for (key, why) in report.corrupt.iter().chain(&report.suspect) {
+                    let _lock = store.lock(key)?;
+                    let dest = store.quarantine(key, why)?;
+                    println!("  {} moved to {}", short(key), dest.display());
                 }
             }
-            println!(
-                "verified {} instances: {} ok, {bad} corrupt",
-                keys.len(),
-                keys.len() - bad
-            );
-            Ok(if bad > 0 { 1 } else { 0 })
+            let (bad, sus) = (report.corrupt.len(), report.suspect.len());
+            println!("verified {} instances: {} ok, {bad} corrupt, {sus} built from a corrupt or changed input", report.total, report.total - bad - sus);
+            Ok(if bad + sus > 0 { 1 } else { 0 })
         }
         Cmd::Artifact(ArtifactCmd::Gc { pipelines, dry_run }) => {
             let store = Store::existing(&root)?;
@@ -467,8 +487,76 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
     }
 }
 
+/// What `artifact verify` found: instance key -> why.
+struct VerifyReport {
+    total: usize,
+    /// Its own files do not match its run record (or the record is unreadable).
+    corrupt: Vec<(String, String)>,
+    /// Built from an upstream output that is corrupt now (by a build that did not re-hash its
+    /// inputs before reading them) or that is no longer what its record says it read.
+    suspect: Vec<(String, String)>,
+}
+
+fn verify_store(store: &Store) -> Result<VerifyReport> {
+    let keys = store.instance_keys()?;
+    let mut records = BTreeMap::new();
+    let mut corrupt = Vec::new();
+    for key in &keys {
+        match store.read_record(key) {
+            Ok(Some(rec)) => {
+                if let Err(why) = store.verify(&rec) {
+                    corrupt.push((key.clone(), why));
+                }
+                records.insert(key.clone(), rec);
+            }
+            Ok(None) => {}
+            Err(why) => corrupt.push((key.clone(), why)),
+        }
+    }
+    let bad: std::collections::HashSet<&String> = corrupt.iter().map(|(k, _)| k).collect();
+    let mut suspect = Vec::new();
+    for (key, rec) in &records {
+        if bad.contains(key) {
+            continue;
+        }
+        for (name, inp) in &rec.inputs {
+            let crate::engine::spec::InputSource::Instance {
+                key: up,
+                stage,
+                output,
+            } = &inp.source
+            else {
+                continue;
+            };
+            let why = match records.get(up).and_then(|u| u.outputs.get(output)) {
+                Some(o) if o.hash != inp.hash => Some(format!(
+                    "input `{name}`: upstream {stage} ({}) output `{output}` now has hash {}, but this instance was built from {}",
+                    short(up),
+                    short(&o.hash),
+                    short(&inp.hash)
+                )),
+                // A build that re-hashed its inputs first never read the corrupt bytes.
+                Some(_) if bad.contains(up) && !rec.inputs_verified => Some(format!(
+                    "input `{name}`: upstream {stage} ({}) is corrupt, and this instance was built without re-hashing its inputs (it may have read the corrupt bytes)",
+                    short(up)
+                )),
+                _ => None,
+            };
+            if let Some(why) = why {
+                suspect.push((key.clone(), why));
+                break;
+            }
+        }
+    }
+    Ok(VerifyReport {
+        total: keys.len(),
+        corrupt,
+        suspect,
+    })
+}
+
 fn status(p: &Plan, root: &Path) -> Result<()> {
-    let store = Store::open(root)?;
+    let store = Store::existing(root)?;
     let refs = store.read_refs(&p.name);
     let mut resolver = Resolver::new(p);
     let mut done = vec![None; p.nodes.len()];
@@ -539,7 +627,7 @@ fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<Strin
         .iter()
         .position(|n| n.name == stage)
         .with_context(|| format!("no stage `{stage}` in {}", p.file.display()))?;
-    let store = Store::open(root)?;
+    let store = Store::existing(root)?;
     let Some(rec) = committed(p, &store)?[i].clone() else {
         bail!(
             "stage `{stage}` of {} is not up to date in {}: run `rredcot pipeline run {}` first (`pipeline status` says why)",
@@ -626,7 +714,8 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
     if idx.is_empty() {
         bail!("no stage or instance `{stage}` in {}", p.file.display());
     }
-    let store = Store::open(root)?;
+    // Read-only: on a store that does not exist yet, everything reads as not cached.
+    let store = Store::existing(root).unwrap_or_else(|_| Store::unopened(root));
     let refs = store.read_refs(&p.name);
     let mut resolver = Resolver::new(p);
     let mut done = vec![None; p.nodes.len()];

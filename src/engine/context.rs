@@ -138,6 +138,37 @@ impl Progress {
     }
 }
 
+/// Prefix of the lines `stage exec` prints on stdout to tell the runner what it did other than
+/// running the stage: `waiting` (another process holds the instance lock) and `reused` (the
+/// instance was committed by someone else, nothing ran).
+pub const STATUS_PREFIX: &str = "@@status ";
+
+/// Tell the runner (on stdout) about waiting for or reusing an instance.
+pub fn emit_status(status: ExecStatus) {
+    let word = match status {
+        ExecStatus::Waiting => "waiting",
+        ExecStatus::Reused => "reused",
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{STATUS_PREFIX}{word}");
+    let _ = out.flush();
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecStatus {
+    Waiting,
+    Reused,
+}
+
+/// Parse a status line.
+pub fn parse_status(line: &str) -> Option<ExecStatus> {
+    match line.strip_prefix(STATUS_PREFIX)?.trim() {
+        "waiting" => Some(ExecStatus::Waiting),
+        "reused" => Some(ExecStatus::Reused),
+        _ => None,
+    }
+}
+
 /// Parse a progress line: (pos, len, message).
 pub fn parse_progress(line: &str) -> Option<(u64, u64, String)> {
     let rest = line.strip_prefix(PROGRESS_PREFIX)?;
@@ -157,5 +188,14 @@ mod tests {
         );
         assert_eq!(super::parse_progress("hello"), None);
         assert_eq!(super::parse_progress("@@progress x 10"), None);
+        assert_eq!(
+            super::parse_status("@@status reused"),
+            Some(super::ExecStatus::Reused)
+        );
+        assert_eq!(
+            super::parse_status("@@status waiting"),
+            Some(super::ExecStatus::Waiting)
+        );
+        assert_eq!(super::parse_status("@@status bogus"), None);
     }
 }

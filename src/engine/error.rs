@@ -51,6 +51,11 @@ pub enum EngineError {
     #[error("store {path}: {message}")]
     Store { path: PathBuf, message: String },
 
+    #[error(
+        "no store at {path} (nothing has run with this store yet: check --store or RREDCOT_STORE)"
+    )]
+    NoStore { path: PathBuf },
+
     #[error("instance {key} ({stage}): {message}")]
     Instance {
         key: String,
@@ -58,10 +63,19 @@ pub enum EngineError {
         message: String,
     },
 
-    #[error("{path}: {source}")]
+    #[error("instance {key} ({stage}): interrupted by {}; nothing was committed", super::group::signal_name(*signal))]
+    Interrupted {
+        key: String,
+        stage: String,
+        signal: i32,
+    },
+
+    /// The OS error is part of the message, not a `source`: printing the chain (`{:#}`) would
+    /// repeat it ("No such file or directory" twice).
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -74,9 +88,9 @@ pub trait IoContext<T> {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T> {
-        self.map_err(|source| EngineError::Io {
+        self.map_err(|error| EngineError::Io {
             path: path.into(),
-            source,
+            error,
         })
     }
 }

@@ -363,6 +363,7 @@ impl KindLoader<'_> {
                     })
                     .collect()
             };
+        def.resources.time_limit().map_err(&perr)?;
         if let Some(name) = &def.name {
             if name != kind {
                 return Err(perr(format!(
