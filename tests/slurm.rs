@@ -361,7 +361,8 @@ fn slurm_ctrl_c_cancels_jobs() {
     );
     // The run reports an interruption (not a failure) after cancelling the job.
     assert!(
-        text(&out).contains("scancel: cancelled Slurm jobs") && text(&out).contains("stopped  slow"),
+        text(&out).contains("scancel: cancelled Slurm jobs")
+            && text(&out).contains("stopped  slow"),
         "{}",
         text(&out)
     );
