@@ -9,16 +9,21 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::artifact::Schema;
 use crate::engine::exec::{exec_instance, worker_exe, ExecOutcome};
+use crate::engine::group as signals;
 use crate::engine::local::LocalExecutor;
 use crate::engine::plan::{InputRef, ParamSource};
 use crate::engine::resolve::{why_not_cached, Resolver};
-use crate::engine::runner::{detect_gpus, referenced_keys, run_pipeline, self_exe, RunOptions, INTERRUPTED};
+use crate::engine::runner::{detect_gpus, referenced_keys, run_pipeline, self_exe, RunOptions};
 use crate::engine::slurm::{SlurmExecutor, SlurmProfile};
 use crate::engine::spec::short;
-use crate::engine::{load_plan, Plan, Runtime, SetArg, Store};
+use crate::engine::{load_plan, EngineError, Plan, Runtime, SetArg, Store};
 
 #[derive(Parser)]
-#[command(name = "rredcot", version, about = "Content-addressed pipelines for RL credit assignment on reasoning LMs")]
+#[command(
+    name = "rredcot",
+    version,
+    about = "Content-addressed pipelines for RL credit assignment on reasoning LMs"
+)]
 struct Cli {
     /// Artifact store directory [env: RREDCOT_STORE] [default: .rredcot/store]
     #[arg(long, global = true)]
@@ -205,14 +210,21 @@ pub fn main(rt: &Runtime, serve: Option<ServeFn>) -> i32 {
     let cli = Cli::parse();
     let filter = if cli.verbose { "info" } else { "warn" };
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RREDCOT_LOG").unwrap_or_else(|_| filter.into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RREDCOT_LOG")
+                .unwrap_or_else(|_| filter.into()),
+        )
         .with_writer(std::io::stderr)
         .try_init();
     match dispatch(cli, rt, serve) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            1
+            // A `stage exec` stopped by SIGINT/SIGTERM says so in its exit code (128 + signal).
+            match e.downcast_ref::<EngineError>() {
+                Some(EngineError::Interrupted { signal, .. }) => 128 + signal,
+                _ => 1,
+            }
         }
     }
 }
@@ -225,15 +237,23 @@ fn store_root(cli_store: &Option<PathBuf>) -> PathBuf {
 }
 
 fn load(args: &PlanArgs, rt: &Runtime) -> Result<Plan> {
-    let sets = args.sets.iter().map(|s| SetArg::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let sets = args
+        .sets
+        .iter()
+        .map(|s| SetArg::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(load_plan(&args.pipeline, &sets, rt.builtins)?)
 }
 
 /// Replaces this process by `rredcot-worker` with the same arguments.
 fn exec_worker(why: &str) -> Result<i32> {
-    let w = worker_exe().with_context(|| format!("{why} needs `rredcot-worker` next to rredcot (cargo build --workspace --bins)"))?;
+    let w = worker_exe().with_context(|| {
+        format!("{why} needs `rredcot-worker` next to rredcot (cargo build --workspace --bins)")
+    })?;
     use std::os::unix::process::CommandExt;
-    let err = std::process::Command::new(&w).args(std::env::args_os().skip(1)).exec();
+    let err = std::process::Command::new(&w)
+        .args(std::env::args_os().skip(1))
+        .exec();
     bail!("cannot exec {}: {err}", w.display())
 }
 
@@ -244,17 +264,46 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             Some(f) => f(&args).map(|()| 0),
             None => exec_worker("`rredcot serve`"),
         },
-        Cmd::Pipeline(PipelineCmd::Run { plan, until, force, dry_run, executor, jobs, profile, keep_going, json }) => {
+        Cmd::Pipeline(PipelineCmd::Run {
+            plan,
+            until,
+            force,
+            dry_run,
+            executor,
+            jobs,
+            profile,
+            keep_going,
+            json,
+        }) => {
             let p = load(&plan, rt)?;
-            let store = Store::open(&root)?;
+            // A dry run writes nothing, not even a new store.
+            let store = if dry_run {
+                Store::existing(&root).unwrap_or_else(|_| Store::unopened(&root))
+            } else {
+                let store = Store::open(&root)?;
+                for path in store.clean_stale() {
+                    tracing::info!("removed {} (left by an interrupted writer)", path.display());
+                }
+                store
+            };
             let slurm = matches!(executor, ExecutorKind::Slurm);
             if profile.is_some() && !slurm {
                 bail!("--profile is for --executor slurm");
             }
-            let profile = profile.or_else(|| std::env::var_os("RREDCOT_SLURM_PROFILE").filter(|v| !v.is_empty()).map(PathBuf::from));
+            let profile = profile.or_else(|| {
+                std::env::var_os("RREDCOT_SLURM_PROFILE")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            });
             // On Slurm, GPUs are requested per job (--gres); no local device slots.
             let gpus = if slurm { 0 } else { detect_gpus() };
-            let default_jobs = if slurm { 1000 } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) };
+            let default_jobs = if slurm {
+                1000
+            } else {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            };
             let opts = RunOptions {
                 jobs: jobs.unwrap_or(default_jobs),
                 until,
@@ -264,10 +313,15 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                 gpus,
                 verbose: cli.verbose,
             };
-            let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst));
+            // Ctrl-C/SIGTERM are recorded and handled by the runner (stop, then report).
+            signals::install_handlers(true);
             let mut exec: Box<dyn crate::engine::runner::Executor> = match executor {
-                ExecutorKind::Local => Box::new(LocalExecutor::new(store.clone(), self_exe(), gpus > 0)),
-                ExecutorKind::Slurm if dry_run => Box::new(LocalExecutor::new(store.clone(), self_exe(), false)),
+                ExecutorKind::Local => {
+                    Box::new(LocalExecutor::new(store.clone(), self_exe(), gpus > 0))
+                }
+                ExecutorKind::Slurm if dry_run => {
+                    Box::new(LocalExecutor::new(store.clone(), self_exe(), false))
+                }
                 ExecutorKind::Slurm => {
                     let prof = match &profile {
                         Some(f) => SlurmProfile::load(f)?,
@@ -282,15 +336,33 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                 for (name, why) in &summary.would_run {
                     println!("would run  {name}: {}", why.join("; "));
                 }
-                println!("dry run: {} would run, {} cached", summary.would_run.len(), summary.cached.len());
+                println!(
+                    "dry run: {} would run, {} cached",
+                    summary.would_run.len(),
+                    summary.cached.len()
+                );
             }
             if json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
             }
-            let counters = summary.counters.iter().map(|(k, v)| format!(" {k}={v}")).collect::<String>();
+            let counters = summary
+                .counters
+                .iter()
+                .map(|(k, v)| format!(" {k}={v}"))
+                .collect::<String>();
+            let reused = if summary.reused.is_empty() {
+                String::new()
+            } else {
+                format!(", {} reused", summary.reused.len())
+            };
             eprintln!(
-                "pipeline {}: {} ran, {} cached, {} failed, {} not run in {:.2}s{}",
+                "pipeline {}{}: {} ran, {} cached{reused}, {} failed, {} not run in {:.2}s{}",
                 p.name,
+                if summary.interrupted {
+                    " interrupted"
+                } else {
+                    ""
+                },
                 summary.ran.len(),
                 summary.cached.len(),
                 summary.failed.len(),
@@ -298,12 +370,12 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                 summary.wall_s,
                 counters
             );
-            Ok(if summary.interrupted {
-                130
-            } else if !summary.failed.is_empty() {
-                1
-            } else {
-                0
+            // Interrupted: 128 + the signal, as a shell reports it (130 for Ctrl-C, 143 for SIGTERM).
+            Ok(match summary.signal {
+                Some(sig) => 128 + sig,
+                None if summary.interrupted => 130,
+                None if !summary.failed.is_empty() => 1,
+                None => 0,
             })
         }
         Cmd::Pipeline(PipelineCmd::Status { plan }) => {
@@ -335,9 +407,17 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
         }
         Cmd::Stage(StageCmd::Exec { key, force }) => {
             let store = Store::open(&root)?;
+            // SIGINT/SIGTERM kill us as before, except while an external command runs: then they
+            // are passed on to its process group and nothing is committed.
+            signals::install_handlers(false);
             match exec_instance(&store, &key, rt, force)? {
                 ExecOutcome::Ran(rec) => {
-                    eprintln!("committed {} ({}) in {:.2}s", rec.stage, short(&rec.key), rec.wall_s);
+                    eprintln!(
+                        "committed {} ({}) in {:.2}s",
+                        rec.stage,
+                        short(&rec.key),
+                        rec.wall_s
+                    );
                     Ok(0)
                 }
                 ExecOutcome::AlreadyDone(rec) => {
@@ -353,24 +433,23 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
         }
         Cmd::Artifact(ArtifactCmd::Verify { fix }) => {
             let store = Store::existing(&root)?;
-            let mut bad = 0;
-            let keys = store.instance_keys()?;
-            for key in &keys {
-                let problem = match store.record(key) {
-                    None => Some("no readable run.json (incomplete)".to_string()),
-                    Some(rec) => store.verify(&rec).err(),
-                };
-                if let Some(why) = problem {
-                    bad += 1;
-                    println!("CORRUPT {} {why}", short(key));
-                    if fix {
-                        let dest = store.quarantine(key, &why)?;
-                        println!("  moved to {}", dest.display());
-                    }
+            let report = verify_store(&store)?;
+            for (key, why) in &report.corrupt {
+                println!("CORRUPT {} {why}", short(key));
+            }
+            for (key, why) in &report.suspect {
+                println!("SUSPECT {} {why}", short(key));
+            }
+            if fix {
+                for (key, why) in report.corrupt.iter().chain(&report.suspect) {
+                    let _lock = store.lock(key)?;
+                    let dest = store.quarantine(key, why)?;
+                    println!("  {} moved to {}", short(key), dest.display());
                 }
             }
-            println!("verified {} instances: {} ok, {bad} corrupt", keys.len(), keys.len() - bad);
-            Ok(if bad > 0 { 1 } else { 0 })
+            let (bad, sus) = (report.corrupt.len(), report.suspect.len());
+            println!("verified {} instances: {} ok, {bad} corrupt, {sus} built from a corrupt or changed input", report.total, report.total - bad - sus);
+            Ok(if bad + sus > 0 { 1 } else { 0 })
         }
         Cmd::Artifact(ArtifactCmd::Gc { pipelines, dry_run }) => {
             let store = Store::existing(&root)?;
@@ -385,22 +464,99 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                     continue;
                 }
                 removed += 1;
-                println!("{} {}", if dry_run { "would remove" } else { "remove" }, short(&key));
+                println!(
+                    "{} {}",
+                    if dry_run { "would remove" } else { "remove" },
+                    short(&key)
+                );
                 if !dry_run {
                     let _lock = store.lock(&key)?;
-                    std::fs::remove_dir_all(store.instance_dir(&key)).with_context(|| format!("removing instance {key}"))?;
+                    std::fs::remove_dir_all(store.instance_dir(&key))
+                        .with_context(|| format!("removing instance {key}"))?;
                     let _ = std::fs::remove_file(store.spec_path(&key));
                     let _ = std::fs::remove_file(store.log_path(&key));
                 }
             }
-            println!("gc: kept {}, {} {removed}", keep.len(), if dry_run { "would remove" } else { "removed" });
+            println!(
+                "gc: kept {}, {} {removed}",
+                keep.len(),
+                if dry_run { "would remove" } else { "removed" }
+            );
             Ok(0)
         }
     }
 }
 
+/// What `artifact verify` found: instance key -> why.
+struct VerifyReport {
+    total: usize,
+    /// Its own files do not match its run record (or the record is unreadable).
+    corrupt: Vec<(String, String)>,
+    /// Built from an upstream output that is corrupt now (by a build that did not re-hash its
+    /// inputs before reading them) or that is no longer what its record says it read.
+    suspect: Vec<(String, String)>,
+}
+
+fn verify_store(store: &Store) -> Result<VerifyReport> {
+    let keys = store.instance_keys()?;
+    let mut records = BTreeMap::new();
+    let mut corrupt = Vec::new();
+    for key in &keys {
+        match store.read_record(key) {
+            Ok(Some(rec)) => {
+                if let Err(why) = store.verify(&rec) {
+                    corrupt.push((key.clone(), why));
+                }
+                records.insert(key.clone(), rec);
+            }
+            Ok(None) => {}
+            Err(why) => corrupt.push((key.clone(), why)),
+        }
+    }
+    let bad: std::collections::HashSet<&String> = corrupt.iter().map(|(k, _)| k).collect();
+    let mut suspect = Vec::new();
+    for (key, rec) in &records {
+        if bad.contains(key) {
+            continue;
+        }
+        for (name, inp) in &rec.inputs {
+            let crate::engine::spec::InputSource::Instance {
+                key: up,
+                stage,
+                output,
+            } = &inp.source
+            else {
+                continue;
+            };
+            let why = match records.get(up).and_then(|u| u.outputs.get(output)) {
+                Some(o) if o.hash != inp.hash => Some(format!(
+                    "input `{name}`: upstream {stage} ({}) output `{output}` now has hash {}, but this instance was built from {}",
+                    short(up),
+                    short(&o.hash),
+                    short(&inp.hash)
+                )),
+                // A build that re-hashed its inputs first never read the corrupt bytes.
+                Some(_) if bad.contains(up) && !rec.inputs_verified => Some(format!(
+                    "input `{name}`: upstream {stage} ({}) is corrupt, and this instance was built without re-hashing its inputs (it may have read the corrupt bytes)",
+                    short(up)
+                )),
+                _ => None,
+            };
+            if let Some(why) = why {
+                suspect.push((key.clone(), why));
+                break;
+            }
+        }
+    }
+    Ok(VerifyReport {
+        total: keys.len(),
+        corrupt,
+        suspect,
+    })
+}
+
 fn status(p: &Plan, root: &Path) -> Result<()> {
-    let store = Store::open(root)?;
+    let store = Store::existing(root)?;
     let refs = store.read_refs(&p.name);
     let mut resolver = Resolver::new(p);
     let mut done = vec![None; p.nodes.len()];
@@ -409,8 +565,15 @@ fn status(p: &Plan, root: &Path) -> Result<()> {
         let node = &p.nodes[i];
         let ups = resolver.upstream(i);
         let (state, why) = if let Some(&u) = ups.iter().find(|&&u| done[u].is_none()) {
-            let state = if refs.contains_key(&node.name) { "stale" } else { "missing" };
-            (state, format!("upstream `{}` is not up to date", p.nodes[u].name))
+            let state = if refs.contains_key(&node.name) {
+                "stale"
+            } else {
+                "missing"
+            };
+            (
+                state,
+                format!("upstream `{}` is not up to date", p.nodes[u].name),
+            )
         } else {
             let spec = resolver.spec(i, &done)?;
             match store.record(&spec.key) {
@@ -420,7 +583,11 @@ fn status(p: &Plan, root: &Path) -> Result<()> {
                 }
                 other => {
                     let why = why_not_cached(&store, &refs, &spec).join("; ");
-                    let state = if other.is_some() || refs.contains_key(&node.name) { "stale" } else { "missing" };
+                    let state = if other.is_some() || refs.contains_key(&node.name) {
+                        "stale"
+                    } else {
+                        "missing"
+                    };
                     (state, why)
                 }
             }
@@ -434,13 +601,19 @@ fn status(p: &Plan, root: &Path) -> Result<()> {
 }
 
 /// The run record of every instance whose inputs and own output are committed and unchanged.
-fn committed(p: &Plan, store: &Store) -> Result<Vec<Option<std::sync::Arc<crate::engine::record::RunRecord>>>> {
+fn committed(
+    p: &Plan,
+    store: &Store,
+) -> Result<Vec<Option<std::sync::Arc<crate::engine::record::RunRecord>>>> {
     let mut resolver = Resolver::new(p);
     let mut done = vec![None; p.nodes.len()];
     for &i in &p.order {
         if resolver.upstream(i).iter().all(|&u| done[u].is_some()) {
             let spec = resolver.spec(i, &done)?;
-            done[i] = store.record(&spec.key).filter(|r| store.quick_check(r).is_ok()).map(std::sync::Arc::new);
+            done[i] = store
+                .record(&spec.key)
+                .filter(|r| store.quick_check(r).is_ok())
+                .map(std::sync::Arc::new);
         }
     }
     Ok(done)
@@ -449,8 +622,12 @@ fn committed(p: &Plan, store: &Store) -> Result<Vec<Option<std::sync::Arc<crate:
 /// Copies the `report` output of stage `stage` into `out` (replacing what was there) and returns
 /// its results.md.
 fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<String> {
-    let i = p.nodes.iter().position(|n| n.name == stage).with_context(|| format!("no stage `{stage}` in {}", p.file.display()))?;
-    let store = Store::open(root)?;
+    let i = p
+        .nodes
+        .iter()
+        .position(|n| n.name == stage)
+        .with_context(|| format!("no stage `{stage}` in {}", p.file.display()))?;
+    let store = Store::existing(root)?;
     let Some(rec) = committed(p, &store)?[i].clone() else {
         bail!(
             "stage `{stage}` of {} is not up to date in {}: run `rredcot pipeline run {}` first (`pipeline status` says why)",
@@ -461,7 +638,10 @@ fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<Strin
     };
     let src = store.outputs_dir(&rec.key).join("report");
     if !src.is_dir() {
-        bail!("stage `{stage}` ({}) has no `report` directory output", short(&rec.key));
+        bail!(
+            "stage `{stage}` ({}) has no `report` directory output",
+            short(&rec.key)
+        );
     }
     if out.exists() {
         std::fs::remove_dir_all(out).with_context(|| format!("replacing {}", out.display()))?;
@@ -469,9 +649,11 @@ fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<Strin
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     for e in std::fs::read_dir(&src)? {
         let e = e?;
-        std::fs::copy(e.path(), out.join(e.file_name())).with_context(|| format!("copying {}", e.path().display()))?;
+        std::fs::copy(e.path(), out.join(e.file_name()))
+            .with_context(|| format!("copying {}", e.path().display()))?;
     }
-    std::fs::read_to_string(out.join("results.md")).with_context(|| format!("{}: no results.md", src.display()))
+    std::fs::read_to_string(out.join("results.md"))
+        .with_context(|| format!("{}: no results.md", src.display()))
 }
 
 fn input_label(p: &Plan, r: &InputRef) -> String {
@@ -485,7 +667,11 @@ fn dag_text(p: &Plan) -> String {
     let mut s = String::new();
     for &i in &p.order {
         let n = &p.nodes[i];
-        let ins: Vec<String> = n.inputs.iter().map(|(k, r)| format!("{k} <- {}", input_label(p, r))).collect();
+        let ins: Vec<String> = n
+            .inputs
+            .iter()
+            .map(|(k, r)| format!("{k} <- {}", input_label(p, r)))
+            .collect();
         s.push_str(&format!("{} [{}]", n.name, n.kind.name));
         if !ins.is_empty() {
             s.push_str(&format!("  ({})", ins.join(", ")));
@@ -498,17 +684,24 @@ fn dag_text(p: &Plan) -> String {
 fn dag_dot(p: &Plan) -> String {
     let mut s = format!("digraph \"{}\" {{\n  rankdir=LR;\n", p.name);
     for n in &p.nodes {
-        s.push_str(&format!("  \"{}\" [shape=box, label=\"{}\\n({})\"];\n", n.name, n.name, n.kind.name));
+        s.push_str(&format!(
+            "  \"{}\" [shape=box, label=\"{}\\n({})\"];\n",
+            n.name, n.name, n.kind.name
+        ));
     }
     for n in &p.nodes {
         for (k, r) in &n.inputs {
             match r {
-                InputRef::Output { node, output } => {
-                    s.push_str(&format!("  \"{}\" -> \"{}\" [label=\"{output}→{k}\"];\n", p.nodes[*node].name, n.name))
-                }
-                InputRef::File { path } => {
-                    s.push_str(&format!("  \"{}\" [shape=note];\n  \"{}\" -> \"{}\" [label=\"{k}\"];\n", path.display(), path.display(), n.name))
-                }
+                InputRef::Output { node, output } => s.push_str(&format!(
+                    "  \"{}\" -> \"{}\" [label=\"{output}→{k}\"];\n",
+                    p.nodes[*node].name, n.name
+                )),
+                InputRef::File { path } => s.push_str(&format!(
+                    "  \"{}\" [shape=note];\n  \"{}\" -> \"{}\" [label=\"{k}\"];\n",
+                    path.display(),
+                    path.display(),
+                    n.name
+                )),
             }
         }
     }
@@ -521,15 +714,23 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
     if idx.is_empty() {
         bail!("no stage or instance `{stage}` in {}", p.file.display());
     }
-    let store = Store::open(root)?;
+    // Read-only: on a store that does not exist yet, everything reads as not cached.
+    let store = Store::existing(root).unwrap_or_else(|_| Store::unopened(root));
     let refs = store.read_refs(&p.name);
     let mut resolver = Resolver::new(p);
     let mut done = vec![None; p.nodes.len()];
     for &i in &p.order {
         let ups = resolver.upstream(i);
-        let spec = if ups.iter().all(|&u| done[u].is_some()) { Some(resolver.spec(i, &done)?) } else { None };
+        let spec = if ups.iter().all(|&u| done[u].is_some()) {
+            Some(resolver.spec(i, &done)?)
+        } else {
+            None
+        };
         if let Some(s) = &spec {
-            done[i] = store.record(&s.key).filter(|r| store.quick_check(r).is_ok()).map(std::sync::Arc::new);
+            done[i] = store
+                .record(&s.key)
+                .filter(|r| store.quick_check(r).is_ok())
+                .map(std::sync::Arc::new);
         }
         if !idx.contains(&i) {
             continue;
@@ -543,13 +744,29 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
         println!("code       {}", n.kind.code_version);
         match &n.kind.runner {
             crate::engine::plan::Runner::Builtin { name, needs_ml } => {
-                println!("runs       builtin `{name}`{}", if *needs_ml { " (ML worker)" } else { "" })
+                println!(
+                    "runs       builtin `{name}`{}",
+                    if *needs_ml { " (ML worker)" } else { "" }
+                )
             }
-            crate::engine::plan::Runner::External { command, script, .. } => {
-                println!("runs       {command:?}{}", script.as_ref().map(|s| format!(" (script {})", s.display())).unwrap_or_default())
+            crate::engine::plan::Runner::External {
+                command, script, ..
+            } => {
+                println!(
+                    "runs       {command:?}{}",
+                    script
+                        .as_ref()
+                        .map(|s| format!(" (script {})", s.display()))
+                        .unwrap_or_default()
+                )
             }
         }
-        println!("resources  cpus={} gpus={} mem={}", n.kind.resources.cpus, n.kind.resources.gpus, n.kind.resources.mem.clone().unwrap_or("-".into()));
+        println!(
+            "resources  cpus={} gpus={} mem={}",
+            n.kind.resources.cpus,
+            n.kind.resources.gpus,
+            n.kind.resources.mem.clone().unwrap_or("-".into())
+        );
         println!("params");
         for (k, v) in &n.params {
             let src = match n.param_sources.get(k) {
@@ -563,7 +780,11 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
         println!("inputs");
         for (k, r) in &n.inputs {
             let schema = n.kind.input_schema(k).map(|s| s.name()).unwrap_or("?");
-            let hash = spec.as_ref().and_then(|s| s.inputs.get(k)).map(|i| short(&i.hash).to_string()).unwrap_or("(not computed yet)".into());
+            let hash = spec
+                .as_ref()
+                .and_then(|s| s.inputs.get(k))
+                .map(|i| short(&i.hash).to_string())
+                .unwrap_or("(not computed yet)".into());
             println!("  {k} ({schema}) <- {}  hash {hash}", input_label(p, r));
         }
         println!("outputs");
@@ -572,7 +793,14 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
         }
         match &spec {
             Some(s) => {
-                let state = if done[i].is_some() { "cached".to_string() } else { format!("not cached: {}", why_not_cached(&store, &refs, s).join("; ")) };
+                let state = if done[i].is_some() {
+                    "cached".to_string()
+                } else {
+                    format!(
+                        "not cached: {}",
+                        why_not_cached(&store, &refs, s).join("; ")
+                    )
+                };
                 println!("key        {}", s.key);
                 println!("status     {state}");
                 if done[i].is_some() {
@@ -592,15 +820,30 @@ fn show(root: &Path, what: &str, rows: usize) -> Result<()> {
         return show_parquet(&path, rows);
     }
     let store = Store::existing(root)?;
-    let matches: Vec<String> = store.instance_keys()?.into_iter().filter(|k| k.starts_with(what)).collect();
+    let matches: Vec<String> = store
+        .instance_keys()?
+        .into_iter()
+        .filter(|k| k.starts_with(what))
+        .collect();
     let key = match matches.as_slice() {
         [k] => k.clone(),
-        [] => bail!("no instance with key prefix `{what}` in {} (and no such file)", root.display()),
-        many => bail!("key prefix `{what}` is ambiguous ({} instances)", many.len()),
+        [] => bail!(
+            "no instance with key prefix `{what}` in {} (and no such file)",
+            root.display()
+        ),
+        many => bail!(
+            "key prefix `{what}` is ambiguous ({} instances)",
+            many.len()
+        ),
     };
-    let rec = store.record(&key).with_context(|| format!("instance {key} has no run record (incomplete)"))?;
+    let rec = store
+        .record(&key)
+        .with_context(|| format!("instance {key} has no run record (incomplete)"))?;
     println!("instance {} [{}] key {}", rec.stage, rec.kind, rec.key);
-    println!("pipeline {}  ran {} on {} in {:.2}s, peak RSS {:.0} MB", rec.pipeline, rec.start, rec.host, rec.wall_s, rec.peak_rss_mb);
+    println!(
+        "pipeline {}  ran {} on {} in {:.2}s, peak RSS {:.0} MB",
+        rec.pipeline, rec.start, rec.host, rec.wall_s, rec.peak_rss_mb
+    );
     println!("params   {}", serde_json::Value::Object(rec.params.clone()));
     if !rec.counters.is_empty() {
         println!("counters {:?}", rec.counters);
@@ -624,7 +867,12 @@ fn show_parquet(path: &Path, rows: usize) -> Result<()> {
     let batch = crate::artifact::read_batches(path)?;
     println!("{} rows; schema:", batch.num_rows());
     for f in batch.schema().fields() {
-        println!("  {}: {}{}", f.name(), f.data_type(), if f.is_nullable() { " (nullable)" } else { "" });
+        println!(
+            "  {}: {}{}",
+            f.name(),
+            f.data_type(),
+            if f.is_nullable() { " (nullable)" } else { "" }
+        );
     }
     let head = batch.slice(0, rows.min(batch.num_rows()));
     println!("{}", arrow::util::pretty::pretty_format_batches(&[head])?);

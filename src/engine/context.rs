@@ -41,21 +41,34 @@ pub struct StageContext {
 
 impl StageContext {
     pub fn param<T: DeserializeOwned>(&self, name: &str) -> anyhow::Result<T> {
-        let v = self.params.get(name).ok_or_else(|| anyhow!("stage `{}`: missing param `{name}`", self.instance))?;
-        serde_json::from_value(v.clone()).with_context(|| format!("stage `{}`: param `{name}` = {v}", self.instance))
+        let v = self
+            .params
+            .get(name)
+            .ok_or_else(|| anyhow!("stage `{}`: missing param `{name}`", self.instance))?;
+        serde_json::from_value(v.clone())
+            .with_context(|| format!("stage `{}`: param `{name}` = {v}", self.instance))
     }
 
     pub fn input(&self, name: &str) -> anyhow::Result<&Path> {
-        self.inputs.get(name).map(|(_, p)| p.as_path()).ok_or_else(|| anyhow!("stage `{}`: no input `{name}`", self.instance))
+        self.inputs
+            .get(name)
+            .map(|(_, p)| p.as_path())
+            .ok_or_else(|| anyhow!("stage `{}`: no input `{name}`", self.instance))
     }
 
     /// The content hash of input `name` (e.g. the policy checkpoint a rollout was sampled from).
     pub fn input_hash(&self, name: &str) -> anyhow::Result<&str> {
-        self.input_hashes.get(name).map(String::as_str).ok_or_else(|| anyhow!("stage `{}`: no input `{name}`", self.instance))
+        self.input_hashes
+            .get(name)
+            .map(String::as_str)
+            .ok_or_else(|| anyhow!("stage `{}`: no input `{name}`", self.instance))
     }
 
     pub fn output(&self, name: &str) -> anyhow::Result<&Path> {
-        self.outputs.get(name).map(|(_, p)| p.as_path()).ok_or_else(|| anyhow!("stage `{}`: no output `{name}`", self.instance))
+        self.outputs
+            .get(name)
+            .map(|(_, p)| p.as_path())
+            .ok_or_else(|| anyhow!("stage `{}`: no output `{name}`", self.instance))
     }
 
     pub fn count(&mut self, name: &str, n: i64) {
@@ -81,7 +94,12 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(len: u64, message: &str) -> Progress {
-        let mut p = Progress { pos: 0, len, message: message.to_string(), last: None };
+        let mut p = Progress {
+            pos: 0,
+            len,
+            message: message.to_string(),
+            last: None,
+        };
         p.emit(true);
         p
     }
@@ -103,13 +121,51 @@ impl Progress {
     }
 
     fn emit(&mut self, force: bool) {
-        let due = self.last.map(|t| t.elapsed() >= Duration::from_millis(200)).unwrap_or(true);
+        let due = self
+            .last
+            .map(|t| t.elapsed() >= Duration::from_millis(200))
+            .unwrap_or(true);
         if force || due || self.pos == self.len {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{PROGRESS_PREFIX}{} {} {}", self.pos, self.len, self.message);
+            let _ = writeln!(
+                out,
+                "{PROGRESS_PREFIX}{} {} {}",
+                self.pos, self.len, self.message
+            );
             let _ = out.flush();
             self.last = Some(Instant::now());
         }
+    }
+}
+
+/// Prefix of the lines `stage exec` prints on stdout to tell the runner what it did other than
+/// running the stage: `waiting` (another process holds the instance lock) and `reused` (the
+/// instance was committed by someone else, nothing ran).
+pub const STATUS_PREFIX: &str = "@@status ";
+
+/// Tell the runner (on stdout) about waiting for or reusing an instance.
+pub fn emit_status(status: ExecStatus) {
+    let word = match status {
+        ExecStatus::Waiting => "waiting",
+        ExecStatus::Reused => "reused",
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{STATUS_PREFIX}{word}");
+    let _ = out.flush();
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecStatus {
+    Waiting,
+    Reused,
+}
+
+/// Parse a status line.
+pub fn parse_status(line: &str) -> Option<ExecStatus> {
+    match line.strip_prefix(STATUS_PREFIX)?.trim() {
+        "waiting" => Some(ExecStatus::Waiting),
+        "reused" => Some(ExecStatus::Reused),
+        _ => None,
     }
 }
 
@@ -126,8 +182,20 @@ pub fn parse_progress(line: &str) -> Option<(u64, u64, String)> {
 mod tests {
     #[test]
     fn progress_lines_parse() {
-        assert_eq!(super::parse_progress("@@progress 3 10 tokens/s 12"), Some((3, 10, "tokens/s 12".into())));
+        assert_eq!(
+            super::parse_progress("@@progress 3 10 tokens/s 12"),
+            Some((3, 10, "tokens/s 12".into()))
+        );
         assert_eq!(super::parse_progress("hello"), None);
         assert_eq!(super::parse_progress("@@progress x 10"), None);
+        assert_eq!(
+            super::parse_status("@@status reused"),
+            Some(super::ExecStatus::Reused)
+        );
+        assert_eq!(
+            super::parse_status("@@status waiting"),
+            Some(super::ExecStatus::Waiting)
+        );
+        assert_eq!(super::parse_status("@@status bogus"), None);
     }
 }

@@ -64,9 +64,47 @@ pub struct Resources {
     /// Memory request, e.g. "4G" (passed to Slurm; informational locally).
     #[serde(default)]
     pub mem: Option<String>,
-    /// Wall-time limit, e.g. "02:00:00" (Slurm).
+    /// Wall-time limit in Slurm's format, e.g. "02:00:00": `--time` on Slurm; locally the stage's
+    /// process group is killed when it runs longer.
     #[serde(default)]
     pub time: Option<String>,
+}
+
+impl Resources {
+    /// `time` as a duration; Err names the accepted forms.
+    pub fn time_limit(&self) -> std::result::Result<Option<std::time::Duration>, String> {
+        match &self.time {
+            None => Ok(None),
+            Some(t) => parse_slurm_time(t).map(Some).ok_or_else(|| {
+                format!("resources.time `{t}`: expected Slurm's format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+            }),
+        }
+    }
+}
+
+/// Slurm's `--time` forms: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`.
+pub fn parse_slurm_time(s: &str) -> Option<std::time::Duration> {
+    let num = |x: &str| -> Option<u64> {
+        (!x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| x.parse().ok())
+            .flatten()
+    };
+    let s = s.trim();
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (Some(num(d)?), r),
+        None => (None, s),
+    };
+    let parts: Vec<u64> = rest.split(':').map(num).collect::<Option<_>>()?;
+    let secs = match (days, parts.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(d), [h]) => d * 86400 + h * 3600,
+        (Some(d), [h, m]) => d * 86400 + h * 3600 + m * 60,
+        (Some(d), [h, m, s]) => d * 86400 + h * 3600 + m * 60 + s,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_secs(secs))
 }
 
 fn one() -> u32 {
@@ -75,7 +113,12 @@ fn one() -> u32 {
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { cpus: 1, gpus: 0, mem: None, time: None }
+        Resources {
+            cpus: 1,
+            gpus: 0,
+            mem: None,
+            time: None,
+        }
     }
 }
 
@@ -127,7 +170,10 @@ pub struct ChainDef {
 /// Parse a TOML file into `T`; errors carry the file path and toml's line/column report.
 pub fn parse_toml_file<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text = std::fs::read_to_string(path).at(path)?;
-    toml::from_str(&text).map_err(|e| EngineError::Parse { path: path.to_path_buf(), message: describe_toml_error(&text, &e) })
+    toml::from_str(&text).map_err(|e| EngineError::Parse {
+        path: path.to_path_buf(),
+        message: describe_toml_error(&text, &e),
+    })
 }
 
 /// toml's message plus an explicit "line L, column C" computed from the error span.
@@ -137,10 +183,35 @@ fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
         Some(span) => {
             let before = &text[..span.start.min(text.len())];
             let line = before.matches('\n').count() + 1;
-            let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+            let col = before
+                .rsplit('\n')
+                .next()
+                .map(|l| l.chars().count())
+                .unwrap_or(0)
+                + 1;
             let src = text.lines().nth(line - 1).unwrap_or("");
             format!("line {line}, column {col}: {msg}\n  | {src}")
         }
         None => msg,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_slurm_time;
+    use std::time::Duration;
+
+    #[test]
+    fn slurm_time_forms() {
+        let secs = |s: &str| parse_slurm_time(s).map(|d: Duration| d.as_secs());
+        assert_eq!(secs("5"), Some(300));
+        assert_eq!(secs("0:02"), Some(2));
+        assert_eq!(secs("02:00:00"), Some(7200));
+        assert_eq!(secs("1-2"), Some(93600));
+        assert_eq!(secs("1-0:30"), Some(88200));
+        assert_eq!(secs("1-00:00:05"), Some(86405));
+        for bad in ["", "x", "1:2:3:4", "-5", "1-", "1.5", "1-2:3:4:5"] {
+            assert_eq!(secs(bad), None, "{bad}");
+        }
     }
 }

@@ -8,16 +8,36 @@ pub enum EngineError {
     Parse { path: PathBuf, message: String },
 
     #[error("{path}: stage `{stage}` uses unknown stage kind `{kind}` (looked in {searched}; known kinds: {known})")]
-    UnknownKind { path: PathBuf, stage: String, kind: String, searched: String, known: String },
+    UnknownKind {
+        path: PathBuf,
+        stage: String,
+        kind: String,
+        searched: String,
+        known: String,
+    },
 
     #[error("{path}: stage kind `{kind}` names builtin `{builtin}`, which this build does not have (known builtins: {known})")]
-    UnknownBuiltin { path: PathBuf, kind: String, builtin: String, known: String },
+    UnknownBuiltin {
+        path: PathBuf,
+        kind: String,
+        builtin: String,
+        known: String,
+    },
 
     #[error("{path}: stage `{stage}`: {message}")]
-    Wiring { path: PathBuf, stage: String, message: String },
+    Wiring {
+        path: PathBuf,
+        stage: String,
+        message: String,
+    },
 
     #[error("{path}: stage `{stage}` param `{param}`: {message}")]
-    Param { path: PathBuf, stage: String, param: String, message: String },
+    Param {
+        path: PathBuf,
+        stage: String,
+        param: String,
+        message: String,
+    },
 
     #[error("{path}: the pipeline has a cycle: {cycle}")]
     Cycle { path: PathBuf, cycle: String },
@@ -31,11 +51,32 @@ pub enum EngineError {
     #[error("store {path}: {message}")]
     Store { path: PathBuf, message: String },
 
-    #[error("instance {key} ({stage}): {message}")]
-    Instance { key: String, stage: String, message: String },
+    #[error(
+        "no store at {path} (nothing has run with this store yet: check --store or RREDCOT_STORE)"
+    )]
+    NoStore { path: PathBuf },
 
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("instance {key} ({stage}): {message}")]
+    Instance {
+        key: String,
+        stage: String,
+        message: String,
+    },
+
+    #[error("instance {key} ({stage}): interrupted by {}; nothing was committed", super::group::signal_name(*signal))]
+    Interrupted {
+        key: String,
+        stage: String,
+        signal: i32,
+    },
+
+    /// The OS error is part of the message, not a `source`: printing the chain (`{:#}`) would
+    /// repeat it ("No such file or directory" twice).
+    #[error("{path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -47,6 +88,9 @@ pub trait IoContext<T> {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T> {
-        self.map_err(|source| EngineError::Io { path: path.into(), source })
+        self.map_err(|error| EngineError::Io {
+            path: path.into(),
+            error,
+        })
     }
 }

@@ -3,19 +3,17 @@
 //! Re-entrant and safe to run twice at once: the instance lock serialises writers, a finished
 //! instance is never redone, and output becomes visible only through the atomic commit.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command as Proc, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Map, Value};
 
-use super::context::{BuiltinFn, StageContext};
+use super::context::{emit_status, BuiltinFn, ExecStatus, StageContext};
 use super::defs::Command;
 use super::error::{EngineError, IoContext, Result};
+use super::group::{self as signals, die_with_parent, Group};
 use super::plan::BuiltinInfo;
 use super::record::RunRecord;
 use super::spec::{short, InputSource, InstanceSpec, RunnerSpec};
@@ -37,9 +35,15 @@ pub enum ExecOutcome {
 
 pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Result<ExecOutcome> {
     let spec = store.read_spec(key)?;
-    let fail = |m: String| EngineError::Instance { key: short(key).to_string(), stage: spec.instance.clone(), message: m };
+    let fail = |m: String| EngineError::Instance {
+        key: short(key).to_string(),
+        stage: spec.instance.clone(),
+        message: m,
+    };
     if spec.compute_key() != key {
-        return Err(fail("spec does not hash to its key (edited by hand?)".into()));
+        return Err(fail(
+            "spec does not hash to its key (edited by hand?)".into(),
+        ));
     }
     let builtin = match &spec.runner {
         RunnerSpec::Builtin { name, needs_ml } => match (rt.resolve)(name) {
@@ -53,34 +57,75 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     let _lock = match store.try_lock(key)? {
         Some(l) => l,
         None => {
-            eprintln!("instance {} ({}) is being written by another process; waiting", short(key), spec.instance);
+            eprintln!(
+                "instance {} ({}) is being written by another process; waiting",
+                short(key),
+                spec.instance
+            );
+            emit_status(ExecStatus::Waiting);
             store.lock(key)?
         }
     };
-    if let Some(rec) = store.record(key).filter(|_| !force) {
-        if store.quick_check(&rec).is_ok() {
+    match store.checked_record(key) {
+        Ok(Some(rec)) if !force => {
+            emit_status(ExecStatus::Reused);
             return Ok(ExecOutcome::AlreadyDone(Box::new(rec)));
+        }
+        // Forced: the old instance is moved aside at commit.
+        Ok(_) => {}
+        Err(why) => {
+            let dest = store.quarantine(key, &format!("corrupt: {why}"))?;
+            eprintln!(
+                "corrupt instance {} ({}): {why}; moved to {} and recomputing",
+                short(key),
+                spec.instance,
+                dest.display()
+            );
         }
     }
 
-    // Inputs must be committed and unchanged since planning.
+    // Inputs must be committed and byte-for-byte what the key was computed from: each is
+    // re-hashed here, whatever its size, so a stage never reads an input it has not checked.
     let mut inputs = BTreeMap::new();
     for (name, inp) in &spec.inputs {
-        let schema = Schema::parse(&inp.schema).ok_or_else(|| fail(format!("input `{name}`: unknown schema {}", inp.schema)))?;
+        let schema = Schema::parse(&inp.schema)
+            .ok_or_else(|| fail(format!("input `{name}`: unknown schema {}", inp.schema)))?;
         let path = match &inp.source {
-            InputSource::Instance { key: up, stage, output } => {
-                let rec = store.record(up).ok_or_else(|| fail(format!("input `{name}`: upstream {stage} ({}) is not committed", short(up))))?;
-                let out = rec.outputs.get(output).ok_or_else(|| fail(format!("input `{name}`: upstream {stage} has no output `{output}`")))?;
+            InputSource::Instance {
+                key: up,
+                stage,
+                output,
+            } => {
+                let rec = store.record(up).ok_or_else(|| {
+                    fail(format!(
+                        "input `{name}`: upstream {stage} ({}) is not committed",
+                        short(up)
+                    ))
+                })?;
+                let out = rec.outputs.get(output).ok_or_else(|| {
+                    fail(format!(
+                        "input `{name}`: upstream {stage} has no output `{output}`"
+                    ))
+                })?;
                 if out.hash != inp.hash {
-                    return Err(fail(format!("input `{name}`: upstream {stage} output `{output}` changed since planning")));
+                    return Err(fail(format!(
+                        "input `{name}`: upstream {stage} output `{output}` changed since planning"
+                    )));
                 }
                 let up_schema = Schema::parse(&out.schema).unwrap_or(schema);
-                up_schema.output_path(&store.outputs_dir(up), output)
+                let path = up_schema.output_path(&store.outputs_dir(up), output);
+                if super::store::hash_source(&path).ok().as_deref() != Some(inp.hash.as_str()) {
+                    return Err(fail(corrupt_input(store, name, up, stage, output)));
+                }
+                path
             }
             InputSource::File { path } => {
                 let h = super::store::hash_source(path)?;
                 if h != inp.hash {
-                    return Err(fail(format!("input `{name}`: {} changed since planning", path.display())));
+                    return Err(fail(format!(
+                        "input `{name}`: {} changed since planning",
+                        path.display()
+                    )));
                 }
                 path.clone()
             }
@@ -94,7 +139,8 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     std::fs::create_dir_all(&scratch).at(&scratch)?;
     let mut outputs = BTreeMap::new();
     for (name, s) in &spec.outputs {
-        let schema = Schema::parse(s).ok_or_else(|| fail(format!("output `{name}`: unknown schema {s}")))?;
+        let schema =
+            Schema::parse(s).ok_or_else(|| fail(format!("output `{name}`: unknown schema {s}")))?;
         let p = schema.output_path(&outputs_dir, name);
         if schema.is_dir() {
             std::fs::create_dir_all(&p).at(&p)?;
@@ -109,8 +155,16 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         key: key.to_string(),
         params: spec.params.clone(),
         inputs,
-        input_hashes: spec.inputs.iter().map(|(n, i)| (n.clone(), i.hash.clone())).collect(),
-        input_sources: spec.inputs.iter().map(|(n, i)| (n.clone(), i.source.clone())).collect(),
+        input_hashes: spec
+            .inputs
+            .iter()
+            .map(|(n, i)| (n.clone(), i.hash.clone()))
+            .collect(),
+        input_sources: spec
+            .inputs
+            .iter()
+            .map(|(n, i)| (n.clone(), i.source.clone()))
+            .collect(),
         outputs,
         scratch: scratch.clone(),
         cache_dir: store.cache_dir(),
@@ -121,9 +175,16 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         Some(f) => run_builtin(f, &mut ctx),
         None => run_external(&spec, &mut ctx, &tmp),
     };
-    if let Err(m) = result {
+    if let Err(e) = result {
         let _ = std::fs::remove_dir_all(&tmp);
-        return Err(fail(m));
+        return Err(match e {
+            StageError::Interrupted(sig) => EngineError::Interrupted {
+                key: short(key).to_string(),
+                stage: spec.instance.clone(),
+                signal: sig,
+            },
+            StageError::Failed(m) => fail(m),
+        });
     }
 
     // Validate and hash every declared output; the scratch dir is not part of the artifact.
@@ -132,9 +193,23 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     for (name, (schema, path)) in &ctx.outputs {
         if let Err(e) = validate_output(*schema, path) {
             let _ = std::fs::remove_dir_all(&tmp);
-            return Err(fail(format!("output `{name}` does not match schema `{schema}`: {e}")));
+            // The temp dir is gone: name the output by its place in the instance instead.
+            let within = path
+                .strip_prefix(&outputs_dir)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            let msg = e
+                .to_string()
+                .replace(&path.display().to_string(), &format!("outputs/{within}"));
+            return Err(fail(format!(
+                "output `{name}` (outputs/{within}) does not match schema `{schema}`: {msg}"
+            )));
         }
-        out_recs.insert(name.clone(), hash_output(&outputs_dir, path, schema.name())?);
+        out_recs.insert(
+            name.clone(),
+            hash_output(&outputs_dir, path, schema.name())?,
+        );
     }
     let rec = RunRecord {
         key: key.to_string(),
@@ -143,6 +218,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         pipeline: spec.pipeline.clone(),
         code_version: spec.code_version.clone(),
         inputs: spec.inputs.clone(),
+        inputs_verified: true,
         params: spec.params.clone(),
         outputs: out_recs,
         start: humantime::format_rfc3339_millis(start).to_string(),
@@ -159,13 +235,34 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     Ok(ExecOutcome::Ran(Box::new(rec)))
 }
 
-fn run_builtin(f: BuiltinFn, ctx: &mut StageContext) -> std::result::Result<(), String> {
+/// Why a stage produced no output.
+enum StageError {
+    Failed(String),
+    /// `stage exec` itself got this termination signal while the stage ran.
+    Interrupted(i32),
+}
+
+/// What to say when an upstream output does not hash to what its record says: the upstream is
+/// moved aside (under its lock, after checking again) so the next run recomputes it.
+fn corrupt_input(store: &Store, name: &str, up: &str, stage: &str, output: &str) -> String {
+    let what = format!("input `{name}`: upstream {stage} ({}) output `{output}` does not match its recorded content hash", short(up));
+    match store.quarantine_if_corrupt(up, true, || {}) {
+        Ok(Some((why, dest))) => format!("{what} ({why}); nothing was read from it; moved it to {} so the next run recomputes it", dest.display()),
+        _ => format!("{what}; nothing was read from it; `rredcot artifact verify --fix` moves it aside"),
+    }
+}
+
+fn run_builtin(f: BuiltinFn, ctx: &mut StageContext) -> std::result::Result<(), StageError> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(ctx))) {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("{e:#}")),
+        Ok(Err(e)) => Err(StageError::Failed(format!("{e:#}"))),
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-            Err(format!("stage panicked: {msg}"))
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(StageError::Failed(format!("stage panicked: {msg}")))
         }
     }
 }
@@ -192,8 +289,43 @@ fn substitute(word: &str, io: &Path, script: Option<&Path>, ctx: &StageContext) 
     s
 }
 
-fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std::result::Result<(), String> {
-    let RunnerSpec::External { command, script, workdir, .. } = &spec.runner else { unreachable!("external runner") };
+/// A command line as a shell would take it back: words quoted only where needed.
+fn shell_words(words: &[String]) -> String {
+    let plain = |w: &str| {
+        !w.is_empty()
+            && w.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    };
+    words
+        .iter()
+        .map(|w| {
+            if plain(w) {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// How long a stage may take to end after SIGTERM before its group is SIGKILLed.
+const TERM_GRACE: Duration = Duration::from_secs(5);
+
+fn run_external(
+    spec: &InstanceSpec,
+    ctx: &mut StageContext,
+    tmp: &Path,
+) -> std::result::Result<(), StageError> {
+    let RunnerSpec::External {
+        command,
+        script,
+        workdir,
+        ..
+    } = &spec.runner
+    else {
+        unreachable!("external runner")
+    };
     let io_path = tmp.join("io.json");
     let counters_path = tmp.join("counters.json");
     let io = json!({
@@ -205,20 +337,27 @@ fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std:
         "counters": counters_path,
         "scratch": ctx.scratch,
     });
-    std::fs::write(&io_path, serde_json::to_vec_pretty(&io).expect("json")).map_err(|e| format!("{}: {e}", io_path.display()))?;
+    let failed = StageError::Failed;
+    std::fs::write(&io_path, serde_json::to_vec_pretty(&io).expect("json"))
+        .map_err(|e| failed(format!("{}: {e}", io_path.display())))?;
     let script = script.as_deref();
-    let mut cmd = match command {
+    // `shown` is the command as it runs, placeholders filled, for messages.
+    let (mut cmd, shown) = match command {
         Command::Argv(argv) if !argv.is_empty() => {
-            let words: Vec<String> = argv.iter().map(|w| substitute(w, &io_path, script, ctx)).collect();
+            let words: Vec<String> = argv
+                .iter()
+                .map(|w| substitute(w, &io_path, script, ctx))
+                .collect();
             let mut c = Proc::new(&words[0]);
             c.args(&words[1..]);
-            c
+            (c, shell_words(&words))
         }
-        Command::Argv(_) => return Err("empty command".into()),
+        Command::Argv(_) => return Err(failed("empty command".into())),
         Command::Shell(s) => {
+            let line = substitute(s, &io_path, script, ctx);
             let mut c = Proc::new("sh");
-            c.arg("-c").arg(substitute(s, &io_path, script, ctx));
-            c
+            c.arg("-c").arg(&line);
+            (c, shell_words(&["sh".into(), "-c".into(), line]))
         }
     };
     cmd.current_dir(workdir)
@@ -227,33 +366,42 @@ fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std:
         .env("RREDCOT_INSTANCE", &spec.instance)
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::inherit());
+    // Its own process group, killed when this process ends however it ends: nothing the
+    // command forks outlives the instance lock.
+    let group = Group::new()
+        .map_err(|e| failed(format!("cannot create a process group for `{shown}`: {e}")))?;
+    group.adopt(&mut cmd);
     die_with_parent(&mut cmd);
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start external command {command:?} in {}: {e}", workdir.display()))?;
-    let tail = Arc::new(Mutex::new(VecDeque::<String>::new()));
-    let stderr = child.stderr.take().expect("piped");
-    let t = {
-        let tail = tail.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
-                eprintln!("{line}");
-                let mut t = tail.lock().expect("tail");
-                t.push_back(line);
-                if t.len() > 20 {
-                    t.pop_front();
-                }
-            }
-        })
-    };
-    let status = child.wait().map_err(|e| format!("waiting for external command: {e}"))?;
-    let _ = t.join();
+    let mut child = cmd.spawn().map_err(|e| {
+        failed(format!(
+            "cannot start `{shown}` in {}: {e}",
+            workdir.display()
+        ))
+    })?;
+    // From here a SIGINT/SIGTERM is passed on to the command's group instead of killing us, so
+    // the temp dir is removed and nothing is committed.
+    signals::deferring(true);
+    let status = wait_or_interrupt(&mut child, &group);
+    signals::deferring(false);
+    drop(group);
+    let status = status.map_err(|e| failed(format!("waiting for `{shown}`: {e}")))?;
+    if let Some(sig) = signals::received() {
+        return Err(StageError::Interrupted(sig));
+    }
     if !status.success() {
-        let tail = tail.lock().expect("tail").iter().cloned().collect::<Vec<_>>().join("\n");
-        return Err(format!("external command {command:?} failed ({status}); last lines of its stderr:\n{tail}"));
+        // Its stderr went to our stderr (the instance log) as it ran; not repeated here.
+        return Err(failed(format!(
+            "external command `{shown}` failed ({status}); its stderr is above"
+        )));
     }
     if let Ok(text) = std::fs::read(&counters_path) {
-        let parsed: BTreeMap<String, Value> =
-            serde_json::from_slice(&text).map_err(|e| format!("{}: counters must be a JSON object: {e}", counters_path.display()))?;
+        let parsed: BTreeMap<String, Value> = serde_json::from_slice(&text).map_err(|e| {
+            failed(format!(
+                "{}: counters must be a JSON object: {e}",
+                counters_path.display()
+            ))
+        })?;
         for (k, v) in parsed {
             match v.as_i64() {
                 Some(i) => ctx.count(&k, i),
@@ -266,15 +414,28 @@ fn run_external(spec: &InstanceSpec, ctx: &mut StageContext, tmp: &Path) -> std:
     Ok(())
 }
 
-/// Children die with us (a killed run must not leave writers behind; their instances stay
-/// incomplete and are redone).
-pub fn die_with_parent(cmd: &mut Proc) {
-    // SAFETY: prctl is async-signal-safe and only affects the child being spawned.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
+/// Wait for `child`; on a termination signal to this process, SIGTERM its group, then SIGKILL it
+/// after [`TERM_GRACE`].
+fn wait_or_interrupt(
+    child: &mut std::process::Child,
+    group: &Group,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut termed: Option<Instant> = None;
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(st);
+        }
+        if signals::received().is_some() {
+            match termed {
+                None => {
+                    group.signal(libc::SIGTERM);
+                    termed = Some(Instant::now());
+                }
+                Some(t) if t.elapsed() > TERM_GRACE => group.signal(libc::SIGKILL),
+                Some(_) => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -304,7 +465,10 @@ pub fn hostname() -> String {
 pub fn versions() -> BTreeMap<String, String> {
     let mut v = BTreeMap::new();
     v.insert("rredcot".into(), env!("CARGO_PKG_VERSION").into());
-    for pair in env!("RREDCOT_DEP_VERSIONS").split(',').filter(|s| !s.is_empty()) {
+    for pair in env!("RREDCOT_DEP_VERSIONS")
+        .split(',')
+        .filter(|s| !s.is_empty())
+    {
         if let Some((k, ver)) = pair.split_once('=') {
             v.insert(k.into(), ver.into());
         }

@@ -1,5 +1,8 @@
 //! Local executor: each instance is a child process `rredcot stage exec KEY` (or the ML worker),
 //! so a crash, an OOM or Ctrl-C in one stage never corrupts the runner or the store.
+//!
+//! Each child runs in a process group of its own (see [`super::group`]): cancelling or timing out
+//! an instance signals everything it started, and the whole group dies with the runner.
 
 use std::collections::HashMap;
 use std::fs::OpenOptions;
@@ -8,14 +11,18 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::context::parse_progress;
+use super::context::{parse_progress, parse_status, ExecStatus};
 use super::error::{EngineError, IoContext, Result};
-use super::exec::{die_with_parent, worker_exe};
+use super::exec::worker_exe;
+use super::group::{die_with_parent, Group};
 use super::runner::{Event, Executor};
-use super::spec::{InstanceSpec, RunnerSpec};
+use super::spec::{short, InstanceSpec, RunnerSpec};
 use super::store::Store;
+
+/// How long a timed-out or cancelled instance may take to end after SIGTERM before SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(5);
 
 pub struct LocalExecutor {
     store: Store,
@@ -24,47 +31,126 @@ pub struct LocalExecutor {
     has_gpus: bool,
     tx: Sender<Event>,
     rx: Receiver<Event>,
-    pids: HashMap<String, u32>,
+    running: HashMap<String, Running>,
+}
+
+struct Running {
+    /// Shared with the thread that waits for the child, so the group id stays reserved until
+    /// both are done with it.
+    group: Arc<Group>,
+    /// `resources.time`: when it expires and how it was written.
+    deadline: Option<(Instant, Duration, String)>,
+    /// SIGTERM sent (cancel or time limit); SIGKILL follows after [`KILL_GRACE`].
+    term_sent: Option<Instant>,
+    /// Set when the time limit killed it: replaces the exit status in the report.
+    timed_out: Option<String>,
 }
 
 impl LocalExecutor {
     pub fn new(store: Store, exe: PathBuf, has_gpus: bool) -> Self {
         let (tx, rx) = channel();
-        LocalExecutor { store, exe, has_gpus, tx, rx, pids: HashMap::new() }
+        LocalExecutor {
+            store,
+            exe,
+            has_gpus,
+            tx,
+            rx,
+            running: HashMap::new(),
+        }
+    }
+
+    /// Enforce time limits and the SIGKILL that follows an unanswered SIGTERM.
+    fn watch(&mut self) {
+        for (key, r) in self.running.iter_mut() {
+            if let (Some((at, limit, text)), None) = (&r.deadline, r.term_sent) {
+                if Instant::now() >= *at {
+                    r.group.signal(libc::SIGTERM);
+                    r.term_sent = Some(Instant::now());
+                    r.timed_out = Some(format!(
+                        "ran longer than its time limit resources.time = \"{text}\" ({}s) and was killed; nothing was committed (raise resources.time in the stage file)",
+                        limit.as_secs()
+                    ));
+                    tracing::info!(key = %short(key), "time limit reached");
+                }
+            }
+            if r.term_sent
+                .map(|t| t.elapsed() > KILL_GRACE)
+                .unwrap_or(false)
+            {
+                r.group.signal(libc::SIGKILL);
+            }
+        }
     }
 }
 
 impl Executor for LocalExecutor {
     fn launch(&mut self, spec: &InstanceSpec, gpu_ids: &[usize], force: bool) -> Result<()> {
+        let fail = |message: String| EngineError::Instance {
+            key: short(&spec.key).to_string(),
+            stage: spec.instance.clone(),
+            message,
+        };
         let exe = match &spec.runner {
-            RunnerSpec::Builtin { needs_ml: true, name } => worker_exe().ok_or_else(|| EngineError::Instance {
-                key: spec.key.clone(),
-                stage: spec.instance.clone(),
-                message: format!("builtin `{name}` needs the ML worker `rredcot-worker` next to {} (built by `cargo build --workspace`)", self.exe.display()),
+            RunnerSpec::Builtin { needs_ml: true, name } => worker_exe().ok_or_else(|| {
+                fail(format!("builtin `{name}` needs the ML worker `rredcot-worker` next to {} (built by `cargo build --workspace`)", self.exe.display()))
             })?,
             _ => self.exe.clone(),
         };
+        let limit = spec.resources.time_limit().map_err(&fail)?;
         let mut cmd = Command::new(&exe);
-        cmd.arg("stage").arg("exec").arg("--store").arg(&self.store.root);
+        cmd.arg("stage")
+            .arg("exec")
+            .arg("--store")
+            .arg(&self.store.root);
         if force {
             cmd.arg("--force");
         }
-        cmd.arg(&spec.key).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.arg(&spec.key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         if !gpu_ids.is_empty() {
-            cmd.env("CUDA_VISIBLE_DEVICES", gpu_ids.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
+            cmd.env(
+                "CUDA_VISIBLE_DEVICES",
+                gpu_ids
+                    .iter()
+                    .map(|g| g.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
         } else if self.has_gpus {
             cmd.env("CUDA_VISIBLE_DEVICES", "");
         }
+        let group = Arc::new(
+            Group::new().map_err(|e| fail(format!("cannot create a process group: {e}")))?,
+        );
+        group.adopt(&mut cmd);
         die_with_parent(&mut cmd);
         let log_path = self.store.log_path(&spec.key);
-        let log = OpenOptions::new().create(true).append(true).open(&log_path).at(&log_path)?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .at(&log_path)?;
         let log = Arc::new(Mutex::new(log));
-        let mut child = cmd.spawn().map_err(|e| EngineError::Instance {
-            key: spec.key.clone(),
-            stage: spec.instance.clone(),
-            message: format!("cannot start {}: {e}", exe.display()),
-        })?;
-        self.pids.insert(spec.key.clone(), child.id());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| fail(format!("cannot start {}: {e}", exe.display())))?;
+        self.running.insert(
+            spec.key.clone(),
+            Running {
+                group: group.clone(),
+                deadline: limit.map(|d| {
+                    (
+                        Instant::now() + d,
+                        d,
+                        spec.resources.time.clone().unwrap_or_default(),
+                    )
+                }),
+                term_sent: None,
+                timed_out: None,
+            },
+        );
         let stderr = child.stderr.take().expect("piped");
         let err_log = log.clone();
         let err_thread = std::thread::spawn(move || {
@@ -76,14 +162,24 @@ impl Executor for LocalExecutor {
         let tx = self.tx.clone();
         let key = spec.key.clone();
         std::thread::spawn(move || {
+            let mut reused = false;
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
-                match parse_progress(&line) {
-                    Some((pos, len, message)) => {
-                        let _ = tx.send(Event::Progress { key: key.clone(), pos, len, message });
+                if let Some((pos, len, message)) = parse_progress(&line) {
+                    let _ = tx.send(Event::Progress {
+                        key: key.clone(),
+                        pos,
+                        len,
+                        message,
+                    });
+                } else if let Some(st) = parse_status(&line) {
+                    match st {
+                        ExecStatus::Waiting => {
+                            let _ = tx.send(Event::Waiting { key: key.clone() });
+                        }
+                        ExecStatus::Reused => reused = true,
                     }
-                    None => {
-                        let _ = writeln!(log.lock().expect("log"), "{line}");
-                    }
+                } else {
+                    let _ = writeln!(log.lock().expect("log"), "{line}");
                 }
             }
             let _ = err_thread.join();
@@ -93,7 +189,13 @@ impl Executor for LocalExecutor {
                 Ok(s) => (false, describe_exit(s)),
                 Err(e) => (false, e.to_string()),
             };
-            let _ = tx.send(Event::Finished { key, ok, message });
+            drop(group);
+            let _ = tx.send(Event::Finished {
+                key,
+                ok,
+                message,
+                reused,
+            });
         });
         Ok(())
     }
@@ -106,19 +208,30 @@ impl Executor for LocalExecutor {
                 out.push(ev);
             }
         }
-        for ev in &out {
-            if let Event::Finished { key, .. } = ev {
-                self.pids.remove(key);
+        for ev in &mut out {
+            if let Event::Finished {
+                key, ok, message, ..
+            } = ev
+            {
+                if let Some(r) = self.running.remove(key.as_str()) {
+                    if let Some(why) = r.timed_out {
+                        *ok = false;
+                        *message = why;
+                    }
+                }
             }
         }
+        self.watch();
         out
     }
 
-    fn cancel_all(&mut self) {
-        for pid in self.pids.values() {
-            // SAFETY: sending a signal to our own child process.
-            unsafe {
-                libc::kill(*pid as libc::pid_t, libc::SIGTERM);
+    fn cancel_all(&mut self, force: bool) {
+        for r in self.running.values_mut() {
+            if force {
+                r.group.signal(libc::SIGKILL);
+            } else if r.term_sent.is_none() {
+                r.group.signal(libc::SIGTERM);
+                r.term_sent = Some(Instant::now());
             }
         }
     }

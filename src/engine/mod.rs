@@ -8,6 +8,7 @@ pub mod context;
 pub mod defs;
 pub mod error;
 pub mod exec;
+pub mod group;
 pub mod hash;
 pub mod local;
 pub mod plan;

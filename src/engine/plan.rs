@@ -13,7 +13,9 @@ use petgraph::algo::{tarjan_scc, toposort};
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde_json::{Map, Value};
 
-use super::defs::{parse_toml_file, ChainDef, Command, PipelineFile, Resources, StageKindFile, StageUse};
+use super::defs::{
+    parse_toml_file, ChainDef, Command, PipelineFile, Resources, StageKindFile, StageUse,
+};
 use super::error::{EngineError, Result};
 use crate::artifact::Schema;
 
@@ -28,8 +30,15 @@ pub struct BuiltinInfo {
 
 #[derive(Debug, Clone)]
 pub enum Runner {
-    Builtin { name: String, needs_ml: bool },
-    External { command: Command, script: Option<PathBuf>, workdir: PathBuf },
+    Builtin {
+        name: String,
+        needs_ml: bool,
+    },
+    External {
+        command: Command,
+        script: Option<PathBuf>,
+        workdir: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -51,12 +60,19 @@ pub struct StageKind {
 impl StageKind {
     /// The schema of a wired input name: a declared input, or a member `group.label` of a group.
     pub fn input_schema(&self, name: &str) -> Option<Schema> {
-        self.inputs.get(name).copied().or_else(|| self.input_groups.get(name.split_once('.')?.0).copied())
+        self.inputs
+            .get(name)
+            .copied()
+            .or_else(|| self.input_groups.get(name.split_once('.')?.0).copied())
     }
 
     fn describe_inputs(&self) -> String {
         let mut names: Vec<String> = self.inputs.keys().cloned().collect();
-        names.extend(self.input_groups.keys().map(|g| format!("{g}.<label> (group)")));
+        names.extend(
+            self.input_groups
+                .keys()
+                .map(|g| format!("{g}.<label> (group)")),
+        );
         if names.is_empty() {
             "none".into()
         } else {
@@ -118,8 +134,13 @@ pub struct SetArg {
 
 impl SetArg {
     pub fn parse(raw: &str) -> Result<SetArg> {
-        let bad = |m: &str| EngineError::SetArg { arg: raw.to_string(), message: m.to_string() };
-        let (lhs, text) = raw.split_once('=').ok_or_else(|| bad("expected stage.param=value"))?;
+        let bad = |m: &str| EngineError::SetArg {
+            arg: raw.to_string(),
+            message: m.to_string(),
+        };
+        let (lhs, text) = raw
+            .split_once('=')
+            .ok_or_else(|| bad("expected stage.param=value"))?;
         // `stage.inputs.NAME=REF` rewires an input (NAME may be a group member `group.label`).
         if let Some((target, input)) = lhs.trim().split_once(".inputs.") {
             if target.is_empty() || input.is_empty() {
@@ -127,7 +148,13 @@ impl SetArg {
             }
             let text = match text.trim().strip_prefix("file:") {
                 // Relative to where the command runs, not to the pipeline file.
-                Some(path) => format!("file:{}", std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.into()).display()),
+                Some(path) => format!(
+                    "file:{}",
+                    std::env::current_dir()
+                        .map(|d| d.join(path))
+                        .unwrap_or_else(|_| path.into())
+                        .display()
+                ),
                 None => text.trim().to_string(),
             };
             return Ok(SetArg {
@@ -138,7 +165,10 @@ impl SetArg {
                 text,
             });
         }
-        let (target, param) = lhs.trim().rsplit_once('.').ok_or_else(|| bad("expected stage.param=value"))?;
+        let (target, param) = lhs
+            .trim()
+            .rsplit_once('.')
+            .ok_or_else(|| bad("expected stage.param=value"))?;
         if target.is_empty() || param.is_empty() {
             return Err(bad("expected stage.param=value"));
         }
@@ -146,7 +176,13 @@ impl SetArg {
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(text.to_string()));
-        Ok(SetArg { raw: raw.to_string(), target: target.to_string(), param: param.to_string(), value, text: text.to_string() })
+        Ok(SetArg {
+            raw: raw.to_string(),
+            target: target.to_string(),
+            param: param.to_string(),
+            value,
+            text: text.to_string(),
+        })
     }
 }
 
@@ -154,11 +190,17 @@ pub fn toml_to_json(v: &toml::Value) -> Value {
     match v {
         toml::Value::String(s) => Value::String(s.clone()),
         toml::Value::Integer(i) => Value::from(*i),
-        toml::Value::Float(f) => serde_json::Number::from_f64(*f).map(Value::Number).unwrap_or(Value::Null),
+        toml::Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(Value::Number)
+            .unwrap_or(Value::Null),
         toml::Value::Boolean(b) => Value::Bool(*b),
         toml::Value::Datetime(d) => Value::String(d.to_string()),
         toml::Value::Array(a) => Value::Array(a.iter().map(toml_to_json).collect()),
-        toml::Value::Table(t) => Value::Object(t.iter().map(|(k, v)| (k.clone(), toml_to_json(v))).collect()),
+        toml::Value::Table(t) => Value::Object(
+            t.iter()
+                .map(|(k, v)| (k.clone(), toml_to_json(v)))
+                .collect(),
+        ),
     }
 }
 
@@ -175,7 +217,11 @@ fn type_name(v: &toml::Value) -> &'static str {
 }
 
 /// Coerce `value` to the type of `default`, or explain why not.
-fn coerce(default: &toml::Value, value: &toml::Value, raw_text: Option<&str>) -> std::result::Result<toml::Value, String> {
+fn coerce(
+    default: &toml::Value,
+    value: &toml::Value,
+    raw_text: Option<&str>,
+) -> std::result::Result<toml::Value, String> {
     use toml::Value as T;
     match (default, value) {
         (T::Float(_), T::Integer(i)) => Ok(T::Float(*i as f64)),
@@ -184,7 +230,12 @@ fn coerce(default: &toml::Value, value: &toml::Value, raw_text: Option<&str>) ->
             None => Err(format!("expected string, got {}", type_name(v))),
         },
         (d, v) if type_name(d) == type_name(v) => Ok(v.clone()),
-        (d, v) => Err(format!("expected {}, got {} `{}`", type_name(d), type_name(v), v)),
+        (d, v) => Err(format!(
+            "expected {}, got {} `{}`",
+            type_name(d),
+            type_name(v),
+            v
+        )),
     }
 }
 
@@ -200,14 +251,23 @@ impl KindLoader<'_> {
         if let Some(k) = self.cache.get(kind) {
             return Ok(k.clone());
         }
-        let Some(file) = self.dirs.iter().map(|d| d.join(format!("{kind}.toml"))).find(|p| p.is_file()) else {
+        let Some(file) = self
+            .dirs
+            .iter()
+            .map(|d| d.join(format!("{kind}.toml")))
+            .find(|p| p.is_file())
+        else {
             let mut known: Vec<String> = self
                 .dirs
                 .iter()
                 .filter_map(|d| std::fs::read_dir(d).ok())
                 .flatten()
                 .flatten()
-                .filter_map(|e| e.path().file_stem().map(|s| s.to_string_lossy().to_string()))
+                .filter_map(|e| {
+                    e.path()
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().to_string())
+                })
                 .collect();
             known.sort();
             known.dedup();
@@ -215,7 +275,12 @@ impl KindLoader<'_> {
                 path: pipeline_file.to_path_buf(),
                 stage: stage.to_string(),
                 kind: kind.to_string(),
-                searched: self.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+                searched: self
+                    .dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 known: known.join(", "),
             });
         };
@@ -226,17 +291,33 @@ impl KindLoader<'_> {
     }
 
     fn build(&self, file: &Path, kind: &str, def: StageKindFile) -> Result<StageKind> {
-        let perr = |m: String| EngineError::Parse { path: file.to_path_buf(), message: m };
+        let perr = |m: String| EngineError::Parse {
+            path: file.to_path_buf(),
+            message: m,
+        };
         let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
         let (runner, code_version) = match (&def.builtin, &def.command) {
             (Some(b), None) => {
-                let info = self.builtins.iter().find(|i| i.name == b).ok_or_else(|| EngineError::UnknownBuiltin {
-                    path: file.to_path_buf(),
-                    kind: kind.to_string(),
-                    builtin: b.clone(),
-                    known: self.builtins.iter().map(|i| i.name).collect::<Vec<_>>().join(", "),
+                let info = self.builtins.iter().find(|i| i.name == b).ok_or_else(|| {
+                    EngineError::UnknownBuiltin {
+                        path: file.to_path_buf(),
+                        kind: kind.to_string(),
+                        builtin: b.clone(),
+                        known: self
+                            .builtins
+                            .iter()
+                            .map(|i| i.name)
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    }
                 })?;
-                (Runner::Builtin { name: b.clone(), needs_ml: info.needs_ml }, format!("{}@{}+{}", b, info.version, def.version))
+                (
+                    Runner::Builtin {
+                        name: b.clone(),
+                        needs_ml: info.needs_ml,
+                    },
+                    format!("{}@{}+{}", b, info.version, def.version),
+                )
             }
             (None, Some(cmd)) => {
                 let script = def.script.as_ref().map(|s| dir.join(s));
@@ -245,26 +326,49 @@ impl KindLoader<'_> {
                         return Err(perr(format!("script `{}` not found", s.display())));
                     }
                 }
-                (Runner::External { command: cmd.clone(), script, workdir: dir.clone() }, def.version.clone())
+                (
+                    Runner::External {
+                        command: cmd.clone(),
+                        script,
+                        workdir: dir.clone(),
+                    },
+                    def.version.clone(),
+                )
             }
-            (Some(_), Some(_)) => return Err(perr("a stage kind has either `builtin` or `command`, not both".into())),
-            (None, None) => return Err(perr("a stage kind needs `builtin = \"name\"` or `command = [...]`".into())),
+            (Some(_), Some(_)) => {
+                return Err(perr(
+                    "a stage kind has either `builtin` or `command`, not both".into(),
+                ))
+            }
+            (None, None) => {
+                return Err(perr(
+                    "a stage kind needs `builtin = \"name\"` or `command = [...]`".into(),
+                ))
+            }
         };
-        let schemas = |m: &BTreeMap<String, String>, what: &str| -> Result<BTreeMap<String, Schema>> {
-            m.iter()
-                .map(|(n, s)| {
-                    Schema::parse(s).map(|sc| (n.clone(), sc)).ok_or_else(|| {
-                        perr(format!(
-                            "{what} `{n}` has unknown schema `{s}` (known: {})",
-                            Schema::ALL.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
-                        ))
+        let schemas =
+            |m: &BTreeMap<String, String>, what: &str| -> Result<BTreeMap<String, Schema>> {
+                m.iter()
+                    .map(|(n, s)| {
+                        Schema::parse(s).map(|sc| (n.clone(), sc)).ok_or_else(|| {
+                            perr(format!(
+                                "{what} `{n}` has unknown schema `{s}` (known: {})",
+                                Schema::ALL
+                                    .iter()
+                                    .map(|s| s.name())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ))
+                        })
                     })
-                })
-                .collect()
-        };
+                    .collect()
+            };
+        def.resources.time_limit().map_err(&perr)?;
         if let Some(name) = &def.name {
             if name != kind {
-                return Err(perr(format!("file declares name `{name}` but is loaded as stage kind `{kind}`")));
+                return Err(perr(format!(
+                    "file declares name `{name}` but is loaded as stage kind `{kind}`"
+                )));
             }
         }
         Ok(StageKind {
@@ -276,7 +380,11 @@ impl KindLoader<'_> {
             inputs: schemas(&def.inputs, "input")?,
             input_groups: schemas(&def.input_groups, "input group")?,
             outputs: schemas(&def.outputs, "output")?,
-            defaults: def.params.iter().map(|(k, v)| (k.clone(), toml_to_json(v))).collect(),
+            defaults: def
+                .params
+                .iter()
+                .map(|(k, v)| (k.clone(), toml_to_json(v)))
+                .collect(),
             resources: def.resources.clone(),
         })
     }
@@ -294,14 +402,31 @@ struct Pending {
 pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Result<Plan> {
     let pf: PipelineFile = parse_toml_file(file)?;
     let pdir = file.parent().map(Path::to_path_buf).unwrap_or_default();
-    let pdir = if pdir.as_os_str().is_empty() { PathBuf::from(".") } else { pdir };
-    let name = pf.name.clone().unwrap_or_else(|| file.file_stem().unwrap_or_default().to_string_lossy().to_string());
+    let pdir = if pdir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        pdir
+    };
+    let name = pf.name.clone().unwrap_or_else(|| {
+        file.file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string()
+    });
     let mut dirs: Vec<PathBuf> = pf.stage_dirs.iter().map(|d| pdir.join(d)).collect();
     dirs.push(pdir.join("../stages"));
     dirs.push(pdir.join("stages"));
     dirs.push(PathBuf::from("stages"));
-    let mut loader = KindLoader { dirs, builtins, cache: HashMap::new() };
-    let wiring = |stage: &str, m: String| EngineError::Wiring { path: file.to_path_buf(), stage: stage.to_string(), message: m };
+    let mut loader = KindLoader {
+        dirs,
+        builtins,
+        cache: HashMap::new(),
+    };
+    let wiring = |stage: &str, m: String| EngineError::Wiring {
+        path: file.to_path_buf(),
+        stage: stage.to_string(),
+        message: m,
+    };
 
     // Chain lengths may be overridden with `--set chain.repeat=N`.
     let mut chains: Vec<ChainDef> = pf.chain.clone();
@@ -309,7 +434,12 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         if let Some(c) = chains.iter_mut().find(|c| c.name == s.target) {
             c.repeat = match &s.value {
                 toml::Value::Integer(n) if *n >= 0 => *n as usize,
-                _ => return Err(EngineError::SetArg { arg: s.raw.clone(), message: "repeat must be a non-negative integer".into() }),
+                _ => {
+                    return Err(EngineError::SetArg {
+                        arg: s.raw.clone(),
+                        message: "repeat must be a non-negative integer".into(),
+                    })
+                }
             };
         }
     }
@@ -319,19 +449,26 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
     for s in sets.iter().filter(|s| s.param == "uses") {
         let kind = s.value.as_str().unwrap_or(&s.text).to_string();
         let mut hit = 0;
-        let targets = stages.iter_mut().filter(|su| su.name == s.target).chain(
-            chains.iter_mut().flat_map(|c| {
-                let chain = c.name.clone();
-                c.stage.iter_mut().filter(move |su| s.target == su.name || s.target == format!("{chain}.{}", su.name))
-            }),
-        );
+        let targets =
+            stages
+                .iter_mut()
+                .filter(|su| su.name == s.target)
+                .chain(chains.iter_mut().flat_map(|c| {
+                    let chain = c.name.clone();
+                    c.stage.iter_mut().filter(move |su| {
+                        s.target == su.name || s.target == format!("{chain}.{}", su.name)
+                    })
+                }));
         for su in targets {
             su.uses = Some(kind.clone());
             su.kind_swapped = true;
             hit += 1;
         }
         if hit == 0 {
-            return Err(EngineError::SetArg { arg: s.raw.clone(), message: format!("no stage `{}` in {}", s.target, file.display()) });
+            return Err(EngineError::SetArg {
+                arg: s.raw.clone(),
+                message: format!("no stage `{}` in {}", s.target, file.display()),
+            });
         }
     }
 
@@ -344,7 +481,12 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         Ok(())
     };
     // `at` = (step, repeat) for a chain stage.
-    let make_node = |su: &StageUse, name: String, base: String, at: Option<(usize, usize)>, loader: &mut KindLoader| -> Result<Node> {
+    let make_node = |su: &StageUse,
+                     name: String,
+                     base: String,
+                     at: Option<(usize, usize)>,
+                     loader: &mut KindLoader|
+     -> Result<Node> {
         let step = at.map(|a| a.0);
         let kind = loader.load(file, &su.name, su.uses.as_deref().unwrap_or(&su.name))?;
         let mut params = Map::new();
@@ -364,22 +506,44 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
                     path: file.to_path_buf(),
                     stage: name.clone(),
                     param: k.clone(),
-                    message: format!("unknown param for stage kind `{}` (known: {})", kind.name, known_params(&kind)),
+                    message: format!(
+                        "unknown param for stage kind `{}` (known: {})",
+                        kind.name,
+                        known_params(&kind)
+                    ),
                 });
             };
             let v = interpolate_step(v, at);
-            let v = coerce(d, &v, None)
-                .map_err(|m| EngineError::Param { path: file.to_path_buf(), stage: name.clone(), param: k.clone(), message: m })?;
+            let v = coerce(d, &v, None).map_err(|m| EngineError::Param {
+                path: file.to_path_buf(),
+                stage: name.clone(),
+                param: k.clone(),
+                message: m,
+            })?;
             params.insert(k.clone(), toml_to_json(&v));
             sources.insert(k.clone(), ParamSource::Pipeline);
         }
-        Ok(Node { name, base, stage: su.name.clone(), step, kind, params, param_sources: sources, inputs: BTreeMap::new() })
+        Ok(Node {
+            name,
+            base,
+            stage: su.name.clone(),
+            step,
+            kind,
+            params,
+            param_sources: sources,
+            inputs: BTreeMap::new(),
+        })
     };
 
     for su in &stages {
         check_unique(&su.name)?;
         let node = make_node(su, su.name.clone(), su.name.clone(), None, &mut loader)?;
-        pending.push(Pending { node, raw_inputs: su.inputs.clone(), scope: None, carry: BTreeMap::new() });
+        pending.push(Pending {
+            node,
+            raw_inputs: su.inputs.clone(),
+            scope: None,
+            carry: BTreeMap::new(),
+        });
     }
     for c in &chains {
         check_unique(&c.name)?;
@@ -387,13 +551,27 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         for i in 0..c.repeat {
             for su in &c.stage {
                 let base = format!("{}.{}", c.name, su.name);
-                let node = make_node(su, format!("{base}[{i}]"), base, Some((i, c.repeat)), &mut loader)?;
+                let node = make_node(
+                    su,
+                    format!("{base}[{i}]"),
+                    base,
+                    Some((i, c.repeat)),
+                    &mut loader,
+                )?;
                 let carry = c
                     .carry
                     .iter()
-                    .filter_map(|(k, v)| k.strip_prefix(&format!("{}.", su.name)).map(|inp| (inp.to_string(), v.clone())))
+                    .filter_map(|(k, v)| {
+                        k.strip_prefix(&format!("{}.", su.name))
+                            .map(|inp| (inp.to_string(), v.clone()))
+                    })
                     .collect();
-                pending.push(Pending { node, raw_inputs: su.inputs.clone(), scope: Some((c.name.clone(), locals.clone(), i)), carry });
+                pending.push(Pending {
+                    node,
+                    raw_inputs: su.inputs.clone(),
+                    scope: Some((c.name.clone(), locals.clone(), i)),
+                    carry,
+                });
             }
         }
     }
@@ -401,15 +579,22 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
     apply_sets(file, sets, &chains, &mut pending)?;
 
     // Wire inputs.
-    let index: HashMap<String, usize> = pending.iter().enumerate().map(|(i, p)| (p.node.name.clone(), i)).collect();
-    let repeats: HashMap<String, usize> = chains.iter().map(|c| (c.name.clone(), c.repeat)).collect();
+    let index: HashMap<String, usize> = pending
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.node.name.clone(), i))
+        .collect();
+    let repeats: HashMap<String, usize> =
+        chains.iter().map(|c| (c.name.clone(), c.repeat)).collect();
     let mut wired: Vec<BTreeMap<String, InputRef>> = Vec::with_capacity(pending.len());
     for p in &pending {
         let n = &p.node;
         let mut inputs = BTreeMap::new();
         // Checks that upstream output `r` exists and fits `schema`.
         let check = |inp: &str, raw: &str, schema: Schema, r: &InputRef| -> Result<()> {
-            let InputRef::Output { node, output } = r else { return Ok(()) };
+            let InputRef::Output { node, output } = r else {
+                return Ok(());
+            };
             let up = &pending[*node].node;
             let Some(up_schema) = up.kind.outputs.get(output) else {
                 return Err(wiring(
@@ -428,18 +613,31 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
                 _ => false,
             };
             if *up_schema != schema && !generic {
-                return Err(wiring(&n.name, format!("input `{inp}` expects schema `{schema}` but `{raw}` is `{up_schema}`")));
+                return Err(wiring(
+                    &n.name,
+                    format!("input `{inp}` expects schema `{schema}` but `{raw}` is `{up_schema}`"),
+                ));
             }
             Ok(())
         };
         for (inp, schema) in &n.kind.inputs {
-            let carried = p.scope.as_ref().filter(|(_, _, i)| *i > 0).and_then(|_| p.carry.get(inp));
+            let carried = p
+                .scope
+                .as_ref()
+                .filter(|(_, _, i)| *i > 0)
+                .and_then(|_| p.carry.get(inp));
             let (raw, step_shift) = match (carried, p.raw_inputs.get(inp)) {
                 (Some(c), _) => (c, 1),
                 (None, Some(r)) => (r, 0),
-                (None, None) => return Err(wiring(&n.name, format!("input `{inp}` ({schema}) is not wired"))),
+                (None, None) => {
+                    return Err(wiring(
+                        &n.name,
+                        format!("input `{inp}` ({schema}) is not wired"),
+                    ))
+                }
             };
-            let r = resolve_ref(raw, p, step_shift, &index, &repeats, &pdir).map_err(|m| wiring(&n.name, format!("input `{inp}` = \"{raw}\": {m}")))?;
+            let r = resolve_ref(raw, p, step_shift, &index, &repeats, &pdir)
+                .map_err(|m| wiring(&n.name, format!("input `{inp}` = \"{raw}\": {m}")))?;
             check(inp, raw, *schema, &r)?;
             inputs.insert(inp.clone(), r);
         }
@@ -447,12 +645,25 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
             if n.kind.inputs.contains_key(inp) {
                 continue;
             }
-            let group = inp.split_once('.').filter(|(_, label)| !label.is_empty()).and_then(|(g, _)| n.kind.input_groups.get(g));
+            let group = inp
+                .split_once('.')
+                .filter(|(_, label)| !label.is_empty())
+                .and_then(|(g, _)| n.kind.input_groups.get(g));
             let Some(schema) = group else {
-                return Err(wiring(&n.name, format!("stage kind `{}` has no input `{inp}` (its inputs: {})", n.kind.name, n.kind.describe_inputs())));
+                return Err(wiring(
+                    &n.name,
+                    format!(
+                        "stage kind `{}` has no input `{inp}` (its inputs: {})",
+                        n.kind.name,
+                        n.kind.describe_inputs()
+                    ),
+                ));
             };
-            for (name, one) in expand_steps(inp, raw, &repeats).map_err(|m| wiring(&n.name, format!("input `{inp}` = \"{raw}\": {m}")))? {
-                let r = resolve_ref(&one, p, 0, &index, &repeats, &pdir).map_err(|m| wiring(&n.name, format!("input `{name}` = \"{one}\": {m}")))?;
+            for (name, one) in expand_steps(inp, raw, &repeats)
+                .map_err(|m| wiring(&n.name, format!("input `{inp}` = \"{raw}\": {m}")))?
+            {
+                let r = resolve_ref(&one, p, 0, &index, &repeats, &pdir)
+                    .map_err(|m| wiring(&n.name, format!("input `{name}` = \"{one}\": {m}")))?;
                 check(&name, &one, *schema, &r)?;
                 inputs.insert(name, r);
             }
@@ -475,14 +686,28 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
     }
     let order = match toposort(&graph, None) {
         Ok(o) => o.into_iter().map(|ix| graph[ix]).collect(),
-        Err(_) => return Err(EngineError::Cycle { path: file.to_path_buf(), cycle: describe_cycle(&graph, &nodes) }),
+        Err(_) => {
+            return Err(EngineError::Cycle {
+                path: file.to_path_buf(),
+                cycle: describe_cycle(&graph, &nodes),
+            })
+        }
     };
-    Ok(Plan { name, file: file.to_path_buf(), nodes, graph, order })
+    Ok(Plan {
+        name,
+        file: file.to_path_buf(),
+        nodes,
+        graph,
+        order,
+    })
 }
 
 fn kind_defaults_toml(kind: &StageKind) -> BTreeMap<String, toml::Value> {
     // Defaults were converted to JSON; convert back losslessly for type checks.
-    kind.defaults.iter().map(|(k, v)| (k.clone(), json_to_toml(v))).collect()
+    kind.defaults
+        .iter()
+        .map(|(k, v)| (k.clone(), json_to_toml(v)))
+        .collect()
 }
 
 fn json_to_toml(v: &Value) -> toml::Value {
@@ -492,7 +717,11 @@ fn json_to_toml(v: &Value) -> toml::Value {
         Value::Number(n) => toml::Value::Float(n.as_f64().unwrap_or(0.0)),
         Value::Bool(b) => toml::Value::Boolean(*b),
         Value::Array(a) => toml::Value::Array(a.iter().map(json_to_toml).collect()),
-        Value::Object(o) => toml::Value::Table(o.iter().map(|(k, v)| (k.clone(), json_to_toml(v))).collect()),
+        Value::Object(o) => toml::Value::Table(
+            o.iter()
+                .map(|(k, v)| (k.clone(), json_to_toml(v)))
+                .collect(),
+        ),
         Value::Null => toml::Value::String(String::new()),
     }
 }
@@ -514,11 +743,19 @@ fn interpolate_step(v: &toml::Value, at: Option<(usize, usize)>) -> toml::Value 
     match s.as_str() {
         "{step}" => toml::Value::Integer(step as i64),
         "{repeat}" => toml::Value::Integer(repeat as i64),
-        _ => toml::Value::String(s.replace("{step}", &step.to_string()).replace("{repeat}", &repeat.to_string())),
+        _ => toml::Value::String(
+            s.replace("{step}", &step.to_string())
+                .replace("{repeat}", &repeat.to_string()),
+        ),
     }
 }
 
-fn apply_sets(file: &Path, sets: &[SetArg], chains: &[ChainDef], pending: &mut [Pending]) -> Result<()> {
+fn apply_sets(
+    file: &Path,
+    sets: &[SetArg],
+    chains: &[ChainDef],
+    pending: &mut [Pending],
+) -> Result<()> {
     for s in sets {
         if (s.param == "repeat" && chains.iter().any(|c| c.name == s.target)) || s.param == "uses" {
             continue;
@@ -538,15 +775,27 @@ fn apply_sets(file: &Path, sets: &[SetArg], chains: &[ChainDef], pending: &mut [
             let Some(d) = kind_defaults_toml(&n.kind).get(&s.param).cloned() else {
                 return Err(EngineError::SetArg {
                     arg: s.raw.clone(),
-                    message: format!("stage `{}` (kind `{}`) has no param `{}` (known: {})", n.name, n.kind.name, s.param, known_params(&n.kind)),
+                    message: format!(
+                        "stage `{}` (kind `{}`) has no param `{}` (known: {})",
+                        n.name,
+                        n.kind.name,
+                        s.param,
+                        known_params(&n.kind)
+                    ),
                 });
             };
-            let v = coerce(&d, &s.value, Some(&s.text)).map_err(|m| EngineError::SetArg { arg: s.raw.clone(), message: m })?;
+            let v = coerce(&d, &s.value, Some(&s.text)).map_err(|m| EngineError::SetArg {
+                arg: s.raw.clone(),
+                message: m,
+            })?;
             n.params.insert(s.param.clone(), toml_to_json(&v));
             n.param_sources.insert(s.param.clone(), ParamSource::SetArg);
         }
         if matched == 0 {
-            return Err(EngineError::SetArg { arg: s.raw.clone(), message: format!("no stage `{}` in {}", s.target, file.display()) });
+            return Err(EngineError::SetArg {
+                arg: s.raw.clone(),
+                message: format!("no stage `{}` in {}", s.target, file.display()),
+            });
         }
     }
     Ok(())
@@ -554,16 +803,24 @@ fn apply_sets(file: &Path, sets: &[SetArg], chains: &[ChainDef], pending: &mut [
 
 /// A group member's ref `chain.stage[*].output` stands for every step: (`name[i]`, `chain.stage[i].output`)
 /// for each i; any other ref is itself.
-fn expand_steps(name: &str, raw: &str, repeats: &HashMap<String, usize>) -> std::result::Result<Vec<(String, String)>, String> {
+fn expand_steps(
+    name: &str,
+    raw: &str,
+    repeats: &HashMap<String, usize>,
+) -> std::result::Result<Vec<(String, String)>, String> {
     let Some((head, tail)) = raw.split_once("[*]") else {
         return Ok(vec![(name.to_string(), raw.to_string())]);
     };
     let chain = head.split('.').next().unwrap_or("");
-    let n = *repeats.get(chain).ok_or_else(|| format!("`[*]` needs a chain stage, and there is no chain `{chain}`"))?;
+    let n = *repeats
+        .get(chain)
+        .ok_or_else(|| format!("`[*]` needs a chain stage, and there is no chain `{chain}`"))?;
     if n == 0 {
         return Err(format!("chain `{chain}` has 0 steps"));
     }
-    Ok((0..n).map(|i| (format!("{name}[{i}]"), format!("{head}[{i}]{tail}"))).collect())
+    Ok((0..n)
+        .map(|i| (format!("{name}[{i}]"), format!("{head}[{i}]{tail}")))
+        .collect())
 }
 
 /// Resolve `stage.output`, `chain.stage[i].output` (i may be negative or `last`), a sibling
@@ -583,14 +840,26 @@ fn resolve_ref(
         }
         return Ok(InputRef::File { path: full });
     }
-    let (target, output) = raw.rsplit_once('.').ok_or("expected `stage.output` or `file:path`")?;
-    let instance = if let Some((chain_stage, idx)) = target.strip_suffix(']').and_then(|t| t.split_once('[')) {
+    let (target, output) = raw
+        .rsplit_once('.')
+        .ok_or("expected `stage.output` or `file:path`")?;
+    let instance = if let Some((chain_stage, idx)) =
+        target.strip_suffix(']').and_then(|t| t.split_once('['))
+    {
         let chain = chain_stage.split('.').next().unwrap_or("");
-        let n = *repeats.get(chain).ok_or_else(|| format!("no chain `{chain}`"))?;
-        let i: i64 = if idx == "last" { -1 } else { idx.parse().map_err(|_| format!("bad step index `{idx}`"))? };
+        let n = *repeats
+            .get(chain)
+            .ok_or_else(|| format!("no chain `{chain}`"))?;
+        let i: i64 = if idx == "last" {
+            -1
+        } else {
+            idx.parse().map_err(|_| format!("bad step index `{idx}`"))?
+        };
         let i = if i < 0 { n as i64 + i } else { i };
         if i < 0 || i as usize >= n {
-            return Err(format!("step {idx} is out of range (chain `{chain}` has {n} steps)"));
+            return Err(format!(
+                "step {idx} is out of range (chain `{chain}` has {n} steps)"
+            ));
         }
         format!("{chain_stage}[{i}]")
     } else if let Some((chain, locals, step)) = &p.scope {
@@ -607,8 +876,13 @@ fn resolve_ref(
     } else {
         target.to_string()
     };
-    let node = *index.get(&instance).ok_or_else(|| format!("no stage `{instance}`"))?;
-    Ok(InputRef::Output { node, output: output.to_string() })
+    let node = *index
+        .get(&instance)
+        .ok_or_else(|| format!("no stage `{instance}`"))?;
+    Ok(InputRef::Output {
+        node,
+        output: output.to_string(),
+    })
 }
 
 /// Name one cycle of the graph as `a -> b -> a`.
@@ -644,7 +918,11 @@ fn describe_cycle(graph: &DiGraph<usize, ()>, nodes: &[Node]) -> String {
         path.push(start);
         let last_ix = path.len() - 1;
         path[1..last_ix].reverse();
-        return path.iter().map(|ix| nodes[graph[*ix]].name.clone()).collect::<Vec<_>>().join(" -> ");
+        return path
+            .iter()
+            .map(|ix| nodes[graph[*ix]].name.clone())
+            .collect::<Vec<_>>()
+            .join(" -> ");
     }
     "unknown".into()
 }
@@ -652,7 +930,12 @@ fn describe_cycle(graph: &DiGraph<usize, ()>, nodes: &[Node]) -> String {
 impl Plan {
     /// Nodes whose instance name, base or stage name equals `target`.
     pub fn matching(&self, target: &str) -> Vec<usize> {
-        self.nodes.iter().enumerate().filter(|(_, n)| n.name == target || n.base == target || n.stage == target).map(|(i, _)| i).collect()
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.name == target || n.base == target || n.stage == target)
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// `targets` plus all their ancestors.

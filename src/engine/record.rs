@@ -33,6 +33,11 @@ pub struct RunRecord {
     pub pipeline: String,
     pub code_version: String,
     pub inputs: BTreeMap<String, InputSpec>,
+    /// Every input's bytes were re-hashed and matched `inputs[..].hash` before the stage read
+    /// them. Records without it (older builds) may come from a corrupt input that only passed the
+    /// size+mtime check, so `artifact verify` treats them as suspect when that input is corrupt.
+    #[serde(default)]
+    pub inputs_verified: bool,
     pub params: Map<String, Value>,
     pub outputs: BTreeMap<String, OutputRecord>,
     pub start: String,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::context::parse_progress;
+use super::context::{parse_progress, parse_status, ExecStatus};
 use super::defs::{parse_toml_file, Resources};
 use super::error::{EngineError, Result};
 use super::exec::worker_exe;
@@ -174,6 +174,8 @@ struct Job {
     log_offset: u64,
     state: String,
     completed_at: Option<Instant>,
+    /// Its `stage exec` said the instance was already committed by someone else.
+    reused: bool,
 }
 
 pub struct SlurmExecutor {
@@ -268,6 +270,7 @@ impl SlurmExecutor {
                         key: p.key,
                         ok: false,
                         message: message.clone(),
+                        reused: false,
                     });
                 }
             }
@@ -403,6 +406,7 @@ impl SlurmExecutor {
                     log_offset,
                     state: "SUBMITTED".into(),
                     completed_at: None,
+                    reused: false,
                 },
             );
         }
@@ -526,9 +530,11 @@ impl SlurmExecutor {
 
     /// Report a job's end: move Slurm's own output into the instance log, emit the event.
     fn finish(&mut self, key: &str, ok: bool, message: String) {
-        let Some(job) = self.jobs.remove(key) else {
+        let Some(mut job) = self.jobs.remove(key) else {
             return;
         };
+        // The last lines of the log may say that the instance was reused.
+        scan_log(&self.store, key, &mut job, &mut self.events);
         if let Ok(text) = std::fs::read_to_string(&job.slurm_out) {
             if !text.trim().is_empty() {
                 if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -548,39 +554,55 @@ impl SlurmExecutor {
             key: key.to_string(),
             ok,
             message,
+            reused: job.reused,
         });
     }
 
-    /// Progress lines the stages wrote to their logs since the last look.
+    /// Progress and status lines the stages wrote to their logs since the last look.
     fn read_progress(&mut self) {
         for (key, job) in self.jobs.iter_mut() {
-            let path = self.store.log_path(key);
-            let Ok(mut f) = std::fs::File::open(&path) else {
-                continue;
-            };
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-            if len <= job.log_offset || f.seek(SeekFrom::Start(job.log_offset)).is_err() {
-                continue;
-            }
-            let mut buf = Vec::new();
-            if f.take(len - job.log_offset).read_to_end(&mut buf).is_err() {
-                continue;
-            }
-            // Only whole lines; a partial last line is read again next time.
-            let Some(end) = buf.iter().rposition(|&b| b == b'\n') else {
-                continue;
-            };
-            job.log_offset += end as u64 + 1;
-            let text = String::from_utf8_lossy(&buf[..end]);
-            if let Some((pos, len, message)) = text.lines().rev().find_map(parse_progress) {
-                self.events.push_back(Event::Progress {
-                    key: key.clone(),
-                    pos,
-                    len,
-                    message,
-                });
-            }
+            scan_log(&self.store, key, job, &mut self.events);
         }
+    }
+}
+
+/// Turn the progress and status lines a job wrote to its instance log since `job.log_offset`
+/// into events (the last progress line only).
+fn scan_log(store: &Store, key: &str, job: &mut Job, events: &mut VecDeque<Event>) {
+    let path = store.log_path(key);
+    let Ok(mut f) = std::fs::File::open(&path) else {
+        return;
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len <= job.log_offset || f.seek(SeekFrom::Start(job.log_offset)).is_err() {
+        return;
+    }
+    let mut buf = Vec::new();
+    if f.take(len - job.log_offset).read_to_end(&mut buf).is_err() {
+        return;
+    }
+    // Only whole lines; a partial last line is read again next time.
+    let Some(end) = buf.iter().rposition(|&b| b == b'\n') else {
+        return;
+    };
+    job.log_offset += end as u64 + 1;
+    let text = String::from_utf8_lossy(&buf[..end]);
+    for line in text.lines() {
+        match parse_status(line) {
+            Some(ExecStatus::Waiting) => events.push_back(Event::Waiting {
+                key: key.to_string(),
+            }),
+            Some(ExecStatus::Reused) => job.reused = true,
+            None => {}
+        }
+    }
+    if let Some((pos, len, message)) = text.lines().rev().find_map(parse_progress) {
+        events.push_back(Event::Progress {
+            key: key.to_string(),
+            pos,
+            len,
+            message,
+        });
     }
 }
 
@@ -640,12 +662,17 @@ impl Executor for SlurmExecutor {
         self.events.drain(..).collect()
     }
 
-    fn cancel_all(&mut self) {
+    /// `scancel` once (a second Ctrl-C changes nothing: Slurm escalates to SIGKILL itself).
+    fn cancel_all(&mut self, _force: bool) {
+        if self.cancelled_at.is_some() {
+            return;
+        }
         for p in std::mem::take(&mut self.pending) {
             self.events.push_back(Event::Finished {
                 key: p.key,
                 ok: false,
                 message: "cancelled before submission".into(),
+                reused: false,
             });
         }
         let mut ids: Vec<String> = self.jobs.values().map(|j| j.id.clone()).collect();

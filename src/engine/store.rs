@@ -11,6 +11,9 @@
 //! <store>/quarantine/                   corrupt or superseded instances, moved aside, never deleted
 //! <store>/cache/<stage kind>/            stage state kept across runs (e.g. judge replies), not artifacts
 //! ```
+//!
+//! Writers (`pipeline run`, `stage exec`) open it with [`Store::open`], which creates it;
+//! read-only commands use [`Store::existing`], which never writes.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -47,18 +50,40 @@ pub struct RefEntry {
 
 impl Store {
     pub fn open(root: &Path) -> Result<Store> {
-        for sub in ["instances", "tmp", "locks", "specs", "logs", "refs", "quarantine"] {
+        for sub in [
+            "instances",
+            "tmp",
+            "locks",
+            "specs",
+            "logs",
+            "refs",
+            "quarantine",
+        ] {
             fs::create_dir_all(root.join(sub)).at(root.join(sub))?;
         }
-        Ok(Store { root: root.to_path_buf() })
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
     }
 
     /// Open without creating anything (read-only commands).
     pub fn existing(root: &Path) -> Result<Store> {
         if !root.join("instances").is_dir() {
-            return Err(EngineError::Store { path: root.to_path_buf(), message: "no store here (nothing has run yet?)".into() });
+            return Err(EngineError::NoStore {
+                path: root.to_path_buf(),
+            });
         }
-        Ok(Store { root: root.to_path_buf() })
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// A store that may not exist yet, for reads only (a dry run on a new store): every
+    /// instance reads as absent and nothing is created.
+    pub fn unopened(root: &Path) -> Store {
+        Store {
+            root: root.to_path_buf(),
+        }
     }
 
     pub fn instance_dir(&self, key: &str) -> PathBuf {
@@ -84,8 +109,37 @@ impl Store {
 
     /// The run record of a committed instance, or None when incomplete/absent.
     pub fn record(&self, key: &str) -> Option<RunRecord> {
-        let text = fs::read(self.instance_dir(key).join("run.json")).ok()?;
-        serde_json::from_slice(&text).ok()
+        self.read_record(key).ok().flatten()
+    }
+
+    /// Ok(None): no instance directory; Err(why): a directory whose `run.json` is missing,
+    /// unreadable or not a run record of this key (a corrupt instance, never a finished one).
+    pub fn read_record(&self, key: &str) -> std::result::Result<Option<RunRecord>, String> {
+        let dir = self.instance_dir(key);
+        let path = dir.join("run.json");
+        let text = match fs::read(&path) {
+            Ok(t) => t,
+            Err(_) if !dir.exists() => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        let rec: RunRecord = serde_json::from_slice(&text)
+            .map_err(|e| format!("{}: not a valid run record ({e})", path.display()))?;
+        if rec.key != key {
+            return Err(format!(
+                "{}: records key {} instead",
+                path.display(),
+                rec.key
+            ));
+        }
+        Ok(Some(rec))
+    }
+
+    /// A committed instance that passes the quick check; Err(why) for a corrupt one.
+    pub fn checked_record(&self, key: &str) -> std::result::Result<Option<RunRecord>, String> {
+        match self.read_record(key)? {
+            Some(rec) => self.quick_check(&rec).map(|()| Some(rec)),
+            None => Ok(None),
+        }
     }
 
     /// Cheap integrity check used on every cache hit: sizes, small files re-hashed, large by mtime.
@@ -98,24 +152,68 @@ impl Store {
         self.check_files(rec, true)
     }
 
+    /// Moves a corrupt instance aside under its lock, after checking again that it is still
+    /// corrupt: another process may have replaced it with a good one while we waited for the
+    /// lock (`on_wait` is called before waiting). `full`: re-hash every file, not only the
+    /// quick check. Ok(None): it is not corrupt (any more).
+    pub fn quarantine_if_corrupt(
+        &self,
+        key: &str,
+        full: bool,
+        on_wait: impl FnOnce(),
+    ) -> Result<Option<(String, PathBuf)>> {
+        let _lock = match self.try_lock(key)? {
+            Some(l) => l,
+            None => {
+                on_wait();
+                self.lock(key)?
+            }
+        };
+        let check = match self.read_record(key) {
+            Ok(Some(rec)) if full => self.verify(&rec),
+            Ok(Some(rec)) => self.quick_check(&rec),
+            Ok(None) => Ok(()),
+            Err(why) => Err(why),
+        };
+        match check {
+            Ok(()) => Ok(None),
+            Err(why) => Ok(Some((
+                why.clone(),
+                self.quarantine(key, &format!("corrupt: {why}"))?,
+            ))),
+        }
+    }
+
     fn check_files(&self, rec: &RunRecord, full: bool) -> std::result::Result<(), String> {
         let out = self.outputs_dir(&rec.key);
         for (name, o) in &rec.outputs {
             for f in &o.files {
                 let p = out.join(&f.path);
-                let md = fs::metadata(&p).map_err(|e| format!("output `{name}`: {}: {e}", p.display()))?;
+                let md = fs::metadata(&p)
+                    .map_err(|e| format!("output `{name}`: {}: {e}", p.display()))?;
                 if md.len() != f.bytes {
-                    return Err(format!("output `{name}`: {} has {} bytes, recorded {}", p.display(), md.len(), f.bytes));
+                    return Err(format!(
+                        "output `{name}`: {} has {} bytes, recorded {}",
+                        p.display(),
+                        md.len(),
+                        f.bytes
+                    ));
                 }
                 if full || f.bytes <= REHASH_LIMIT {
                     let h = sha256_file(&p).map_err(|e| e.to_string())?;
                     if h != f.sha256 {
-                        return Err(format!("output `{name}`: {} content hash changed", p.display()));
+                        return Err(format!(
+                            "output `{name}`: {} content hash changed",
+                            p.display()
+                        ));
                     }
                 } else if mtime_ns(&md) != f.mtime_ns {
                     let h = sha256_file(&p).map_err(|e| e.to_string())?;
                     if h != f.sha256 {
-                        return Err(format!("output `{name}`: {} content hash changed", p.display()));
+                        return Err(format!(
+                            "output `{name}`: {} content hash changed",
+                            p.display()
+                        ));
                     }
                 }
             }
@@ -125,7 +223,10 @@ impl Store {
 
     /// Move an instance aside (corrupt or superseded); nothing is deleted.
     pub fn quarantine(&self, key: &str, why: &str) -> Result<PathBuf> {
-        let stamp = std::time::SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let stamp = std::time::SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         let dest = self.root.join("quarantine").join(format!("{key}.{stamp}"));
         fs::rename(self.instance_dir(key), &dest).at(&dest)?;
         fs::write(dest.join("QUARANTINED"), format!("{why}\n")).at(&dest)?;
@@ -146,7 +247,7 @@ impl Store {
         match file.try_lock() {
             Ok(()) => Ok(Some(InstanceLock { _file: file })),
             Err(fs::TryLockError::WouldBlock) => Ok(None),
-            Err(fs::TryLockError::Error(e)) => Err(EngineError::Io { path, source: e }),
+            Err(fs::TryLockError::Error(e)) => Err(EngineError::Io { path, error: e }),
         }
     }
 
@@ -175,7 +276,7 @@ impl Store {
         fsync_tree(tmp)?;
         let dest = self.instance_dir(&rec.key);
         if dest.exists() {
-            // Only reachable with --force or after a corrupt instance was found: keep the old one.
+            // Only reachable with --force (a corrupt instance is moved aside before the run).
             self.quarantine(&rec.key, "superseded by a forced rerun")?;
         }
         fs::rename(tmp, &dest).at(&dest)?;
@@ -184,42 +285,119 @@ impl Store {
     }
 
     pub fn write_spec(&self, spec: &InstanceSpec) -> Result<()> {
-        atomic_write(&self.spec_path(&spec.key), &serde_json::to_vec_pretty(spec).expect("spec serializes"))
+        atomic_write(
+            &self.spec_path(&spec.key),
+            &serde_json::to_vec_pretty(spec).expect("spec serializes"),
+        )
     }
 
     pub fn read_spec(&self, key: &str) -> Result<InstanceSpec> {
         let p = self.spec_path(key);
         let text = fs::read(&p).map_err(|e| EngineError::Store {
             path: p.clone(),
-            message: format!("no spec for instance {key} ({e}); run `rredcot pipeline run` to plan it"),
+            message: format!(
+                "no spec for instance {key} ({e}); run `rredcot pipeline run` to plan it"
+            ),
         })?;
-        serde_json::from_slice(&text).map_err(|e| EngineError::Parse { path: p, message: e.to_string() })
+        serde_json::from_slice(&text).map_err(|e| EngineError::Parse {
+            path: p,
+            message: e.to_string(),
+        })
     }
 
     pub fn read_refs(&self, pipeline: &str) -> BTreeMap<String, RefEntry> {
-        fs::read(self.refs_path(pipeline)).ok().and_then(|t| serde_json::from_slice(&t).ok()).unwrap_or_default()
+        fs::read(self.refs_path(pipeline))
+            .ok()
+            .and_then(|t| serde_json::from_slice(&t).ok())
+            .unwrap_or_default()
     }
 
     pub fn write_refs(&self, pipeline: &str, refs: &BTreeMap<String, RefEntry>) -> Result<()> {
-        atomic_write(&self.refs_path(pipeline), &serde_json::to_vec(refs).expect("refs serialize"))
+        atomic_write(
+            &self.refs_path(pipeline),
+            &serde_json::to_vec(refs).expect("refs serialize"),
+        )
     }
 
     fn refs_path(&self, pipeline: &str) -> PathBuf {
         self.root.join("refs").join(format!("{pipeline}.json"))
     }
 
+    /// Removes what interrupted writers left: `tmp/<key>.<pid>/` work directories whose instance
+    /// lock is free, and `*.tmp.<pid>` files of atomic writes in `specs/` and `refs/` whose writer
+    /// is gone. A pid is only known on the host that wrote the file, so such a file must also be
+    /// older than a minute (another host's write in progress is younger). Returns what it removed.
+    pub fn clean_stale(&self) -> Vec<PathBuf> {
+        let mut removed = Vec::new();
+        if let Ok(entries) = fs::read_dir(self.root.join("tmp")) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                let Some((key, _pid)) = name.rsplit_once('.') else {
+                    continue;
+                };
+                // A free lock means no writer: they hold it for as long as their tmp dir exists.
+                if let Ok(Some(_lock)) = self.try_lock(key) {
+                    if fs::remove_dir_all(e.path()).is_ok() {
+                        removed.push(e.path());
+                    }
+                }
+            }
+        }
+        for sub in ["specs", "refs"] {
+            let Ok(entries) = fs::read_dir(self.root.join(sub)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                let Some(pid) = name
+                    .rsplit_once(".tmp.")
+                    .and_then(|(_, p)| p.parse::<libc::pid_t>().ok())
+                else {
+                    continue;
+                };
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .map(|t| t.elapsed().map(|a| a > STALE_AFTER).unwrap_or(false))
+                    .unwrap_or(false);
+                if old && !pid_alive(pid) && fs::remove_file(e.path()).is_ok() {
+                    removed.push(e.path());
+                }
+            }
+        }
+        removed
+    }
+
     /// Keys of every committed instance directory.
     pub fn instance_keys(&self) -> Result<Vec<String>> {
         let dir = self.root.join("instances");
-        let mut keys: Vec<String> =
-            fs::read_dir(&dir).at(&dir)?.flatten().map(|e| e.file_name().to_string_lossy().to_string()).collect();
+        let mut keys: Vec<String> = fs::read_dir(&dir)
+            .at(&dir)?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect();
         keys.sort();
         Ok(keys)
     }
 }
 
+/// How old an atomic-write temp file must be before a dead pid makes it stale.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether a process with this pid runs on this host.
+fn pid_alive(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    pid > 0
+        && (unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
 fn mtime_ns(md: &fs::Metadata) -> i128 {
-    md.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i128).unwrap_or(0)
+    md.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
 }
 
 /// All regular files under `root` as sorted relative paths.
@@ -233,7 +411,12 @@ fn list_files(root: &Path) -> Result<Vec<PathBuf>> {
             if ft.is_dir() {
                 stack.push(e.path());
             } else if ft.is_file() {
-                out.push(e.path().strip_prefix(root).expect("under root").to_path_buf());
+                out.push(
+                    e.path()
+                        .strip_prefix(root)
+                        .expect("under root")
+                        .to_path_buf(),
+                );
             }
         }
     }
@@ -246,7 +429,11 @@ fn list_files(root: &Path) -> Result<Vec<PathBuf>> {
 /// output and an identical source file hash equal.
 pub fn hash_output(outputs_dir: &Path, path: &Path, schema: &str) -> Result<OutputRecord> {
     let rel_base = path.strip_prefix(outputs_dir).unwrap_or(path).to_path_buf();
-    let inner: Vec<Option<PathBuf>> = if path.is_dir() { list_files(path)?.into_iter().map(Some).collect() } else { vec![None] };
+    let inner: Vec<Option<PathBuf>> = if path.is_dir() {
+        list_files(path)?.into_iter().map(Some).collect()
+    } else {
+        vec![None]
+    };
     let mut files = Vec::new();
     let mut pairs = Vec::new();
     for within in inner {
@@ -257,10 +444,24 @@ pub fn hash_output(outputs_dir: &Path, path: &Path, schema: &str) -> Result<Outp
         let full = outputs_dir.join(&rel);
         let md = fs::metadata(&full).at(&full)?;
         let sha = sha256_file(&full)?;
-        pairs.push((within.map(|w| w.to_string_lossy().to_string()).unwrap_or_default(), sha.clone()));
-        files.push(FileRecord { path: rel.to_string_lossy().to_string(), bytes: md.len(), sha256: sha, mtime_ns: mtime_ns(&md) });
+        pairs.push((
+            within
+                .map(|w| w.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            sha.clone(),
+        ));
+        files.push(FileRecord {
+            path: rel.to_string_lossy().to_string(),
+            bytes: md.len(),
+            sha256: sha,
+            mtime_ns: mtime_ns(&md),
+        });
     }
-    Ok(OutputRecord { schema: schema.to_string(), hash: manifest_hash(&pairs), files })
+    Ok(OutputRecord {
+        schema: schema.to_string(),
+        hash: manifest_hash(&pairs),
+        files,
+    })
 }
 
 /// Content hash of a source file or directory named by a `file:` input.
@@ -268,7 +469,12 @@ pub fn hash_source(path: &Path) -> Result<String> {
     if path.is_dir() {
         let pairs = list_files(path)?
             .into_iter()
-            .map(|rel| Ok((rel.to_string_lossy().to_string(), sha256_file(&path.join(&rel))?)))
+            .map(|rel| {
+                Ok((
+                    rel.to_string_lossy().to_string(),
+                    sha256_file(&path.join(&rel))?,
+                ))
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(manifest_hash(&pairs))
     } else {
