@@ -39,6 +39,9 @@ pub fn parse_gold(answer: &str) -> Result<Answer, ParseError> {
     parse::parse_answer(&normalize::normalize(inner))
 }
 
+/// Priority of a `\\boxed{}` answer (see [`extract::candidates`]).
+const BOXED: u16 = 50;
+
 /// Points at which two symbolic answers are evaluated before they are called equal.
 const SAMPLES: usize = 5;
 
@@ -121,7 +124,17 @@ fn pick(candidates: &[extract::Candidate]) -> Option<(String, Read)> {
 /// an answer, else the answer its sentence states ("0 is the only possible value" gives 0).
 fn read_reference(gold: &str) -> Option<Read> {
     let inner = extract::last_boxed(gold).unwrap_or(gold);
-    read(&normalize::normalize(inner)).or_else(|| pick(&extract::candidates(gold)).map(|(_, r)| r))
+    read(&normalize::normalize(inner))
+        .or_else(|| is_sentence(inner).then(|| pick(&extract::candidates(gold)).map(|(_, r)| r))?)
+}
+
+/// Text with a plain word in it ("0 is the only possible value"), not a LaTeX expression such as
+/// a matrix or `1 \pm \sqrt{19}` (whose numbers are not its answer).
+fn is_sentence(text: &str) -> bool {
+    text.split_whitespace().any(|w| {
+        let w = w.trim_end_matches(['.', ',', ';', ':']);
+        w.len() >= 2 && w.chars().all(|c| c.is_ascii_alphabetic())
+    })
 }
 
 /// Normalized string form, used when an answer does not parse as a number/interval/tuple/set.
@@ -159,6 +172,18 @@ pub fn verify_response(gold_answer: &str, response: &str) -> Verdict {
             correct: false,
         };
     };
+    // A boxed answer that is no number or expression (a matrix, `\\text{even}`, a union of
+    // intervals, `40_9`) is still the answer: compared as text, not skipped for a number elsewhere.
+    if let Some(c) = candidates
+        .first()
+        .filter(|c| c.priority == BOXED && read(&normalize::normalize(&c.text)).is_none())
+    {
+        let g = text_form(extract::last_boxed(gold_answer).unwrap_or(gold_answer));
+        return Verdict {
+            correct: !g.is_empty() && g == text_form(&c.text),
+            extracted: Some(c.text.clone()),
+        };
+    }
     match (pick(&candidates), read_reference(gold_answer)) {
         (Some((text, pred)), Some(g)) => Verdict {
             correct: same(&g, &pred),
@@ -174,7 +199,7 @@ pub fn verify_response(gold_answer: &str, response: &str) -> Verdict {
                 .find(|c| c.priority == best_priority)
                 .map(|c| c.text.clone())
                 .unwrap_or_default();
-            let g = text_form(gold_answer);
+            let g = text_form(extract::last_boxed(gold_answer).unwrap_or(gold_answer));
             Verdict {
                 correct: !g.is_empty() && g == text_form(&first),
                 extracted: Some(first),
