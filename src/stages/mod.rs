@@ -17,121 +17,29 @@ use crate::engine::{BuiltinFn, BuiltinInfo, Runtime};
 /// Every builtin this project ships: bump a version when the stage's output for the same inputs
 /// and params changes.
 pub const CATALOG: &[BuiltinInfo] = &[
-    BuiltinInfo {
-        name: "demo_numbers",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "demo_scale",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "demo_sum",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "demo_step",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "taskgen",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "tokenizer_train",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "import",
-        version: "2",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "filter",
-        version: "2",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "bootstrap_sft",
-        version: "2",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "segment",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "rollout",
-        version: "2",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "score_sigma",
-        version: "1",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "score_mc",
-        version: "3",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "score_loo",
-        version: "1",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "score_grad",
-        version: "1",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "score_progress",
-        version: "1",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "reset",
-        version: "2",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "update",
-        version: "1",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "eval",
-        version: "2",
-        needs_ml: true,
-    },
-    BuiltinInfo {
-        name: "report",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "analysis",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "judge",
-        version: "1",
-        needs_ml: false,
-    },
-    BuiltinInfo {
-        name: "judge_local",
-        version: "1",
-        needs_ml: true,
-    },
+    BuiltinInfo { name: "demo_numbers", version: "1", needs_ml: false },
+    BuiltinInfo { name: "demo_scale", version: "1", needs_ml: false },
+    BuiltinInfo { name: "demo_sum", version: "1", needs_ml: false },
+    BuiltinInfo { name: "demo_step", version: "1", needs_ml: false },
+    BuiltinInfo { name: "taskgen", version: "1", needs_ml: false },
+    BuiltinInfo { name: "tokenizer_train", version: "1", needs_ml: false },
+    BuiltinInfo { name: "import", version: "2", needs_ml: false },
+    BuiltinInfo { name: "filter", version: "2", needs_ml: false },
+    BuiltinInfo { name: "bootstrap_sft", version: "2", needs_ml: true },
+    BuiltinInfo { name: "segment", version: "1", needs_ml: false },
+    BuiltinInfo { name: "rollout", version: "2", needs_ml: true },
+    BuiltinInfo { name: "score_sigma", version: "1", needs_ml: true },
+    BuiltinInfo { name: "score_mc", version: "3", needs_ml: true },
+    BuiltinInfo { name: "score_loo", version: "1", needs_ml: true },
+    BuiltinInfo { name: "score_grad", version: "1", needs_ml: true },
+    BuiltinInfo { name: "score_progress", version: "1", needs_ml: true },
+    BuiltinInfo { name: "reset", version: "2", needs_ml: true },
+    BuiltinInfo { name: "update", version: "1", needs_ml: true },
+    BuiltinInfo { name: "eval", version: "2", needs_ml: true },
+    BuiltinInfo { name: "report", version: "1", needs_ml: false },
+    BuiltinInfo { name: "analysis", version: "1", needs_ml: false },
+    BuiltinInfo { name: "judge", version: "1", needs_ml: false },
+    BuiltinInfo { name: "judge_local", version: "1", needs_ml: true },
 ];
 
 /// Builtins that run without libtorch.
@@ -153,7 +61,4 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
     })
 }
 
-pub const LIGHT_RUNTIME: Runtime = Runtime {
-    builtins: CATALOG,
-    resolve: light_builtin,
-};
+pub const LIGHT_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: light_builtin };
