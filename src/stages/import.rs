@@ -392,9 +392,9 @@ impl Mapping {
         }
     }
 
-    /// Every explicitly mapped column must exist in the file (its top-level part, for dotted
-    /// paths). The verl solution column is optional since verl datasets often lack it.
-    fn check(&self, columns: &BTreeSet<String>, file: &Path) -> anyhow::Result<()> {
+    /// The columns the file must have, by role. The verl solution column is optional since verl
+    /// datasets often lack it.
+    fn required(&self) -> Vec<(&'static str, &String)> {
         let mut required: Vec<(&str, &String)> = vec![("prompt", &self.prompt)];
         if let Some(a) = &self.answer {
             required.push(("answer", a));
@@ -409,7 +409,12 @@ impl Mapping {
         if let Some(i) = &self.id {
             required.push(("id", i));
         }
-        for (what, col) in required {
+        required
+    }
+
+    /// Every required column must exist in the file (its top-level part, for dotted paths).
+    fn check(&self, columns: &BTreeSet<String>, file: &Path) -> anyhow::Result<()> {
+        for (what, col) in self.required() {
             let top = col.split('.').next().unwrap_or(col);
             if !columns.contains(top) {
                 bail!(
@@ -423,31 +428,17 @@ impl Mapping {
         Ok(())
     }
 
-    /// Every explicitly mapped nested column (`reward_model.ground_truth`) must be in the file's
+    /// Every required nested column (`reward_model.ground_truth`) must be in the file's
     /// schema: present (null or not) in at least one row. Otherwise every row would import
     /// without it and nothing would say why.
     fn check_nested(&self, rows: &[SourceRow], file: &Path) -> anyhow::Result<()> {
-        let mut nested: Vec<(&str, &String)> = vec![("prompt", &self.prompt)];
-        if let Some(a) = &self.answer {
-            nested.push(("answer", a));
-        }
-        if let Some(s) = self
-            .solution
-            .as_ref()
-            .filter(|_| self.layout != Layout::Verl)
-        {
-            nested.push(("solution", s));
-        }
-        if let Some(i) = &self.id {
-            nested.push(("id", i));
-        }
         let objects = || {
             rows.iter().filter_map(|r| match r {
                 SourceRow::Ok(o) => Some(o),
                 SourceRow::NonUtf8(_) => None,
             })
         };
-        for (what, col) in nested.into_iter().filter(|(_, c)| c.contains('.')) {
+        for (what, col) in self.required().into_iter().filter(|(_, c)| c.contains('.')) {
             if objects().any(|o| get_path(o, col).is_some()) {
                 continue;
             }
