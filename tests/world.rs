@@ -174,7 +174,7 @@ fn filter_that_removes_everything_fails_with_its_report() {
 
 // Issue 18: no row lost silently. An empty-prompt row (import) and a row whose solution states
 // another answer (filter) are each listed with their reason in the stage's `skipped` table, and
-// counted on stderr.
+// counted on the stage's stderr (its log).
 #[test]
 fn skipped_and_removed_rows_are_listed_in_the_skipped_tables() {
     use rredcot::artifact::read_table_columns;
@@ -194,12 +194,16 @@ fn skipped_and_removed_rows_are_listed_in_the_skipped_tables() {
         "[[stage]]\nname = \"imp\"\nuses = \"import\"\ninputs = { source = \"file:d.jsonl\" }\n\n[[stage]]\nname = \"f\"\nuses = \"filter\"\ninputs = { prompts = \"imp.prompts\" }\n",
     );
     let store = dir.path().join("store");
-    let out = run_pipeline(&store, &p, &[]).success().get_output().clone();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    run_pipeline(&store, &p, &[]).success();
+    // A stage's stderr goes to its log in the store.
+    let mut logs = String::new();
+    for e in std::fs::read_dir(store.join("logs")).unwrap() {
+        logs += &std::fs::read_to_string(e.unwrap().path()).unwrap();
+    }
     assert!(
-        stderr.contains("import: skipped 1 rows (skipped_no_prompt 1)")
-            && stderr.contains("filter: skipped 1 rows (removed_answer_mismatch 1)"),
-        "{stderr}"
+        logs.contains("import: skipped 1 rows (skipped_no_prompt 1)")
+            && logs.contains("filter: skipped 1 rows (removed_answer_mismatch 1)"),
+        "{logs}"
     );
     let mut tables = BTreeMap::new();
     for e in std::fs::read_dir(store.join("instances")).unwrap() {
