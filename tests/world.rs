@@ -219,7 +219,10 @@ fn skipped_and_removed_rows_are_listed_in_the_skipped_tables() {
     }
     let imp = &tables["imp"];
     assert_eq!(imp.len(), 1, "{imp:?}");
-    assert_eq!((imp[0].row, imp[0].reason.as_str()), (1, "skipped_no_prompt"));
+    assert_eq!(
+        (imp[0].row, imp[0].reason.as_str()),
+        (1, "skipped_no_prompt")
+    );
     assert!(imp[0].detail.contains("d.jsonl"), "{:?}", imp[0]);
     let f = &tables["f"];
     assert_eq!(f.len(), 1, "{f:?}");

@@ -317,7 +317,10 @@ mod tests {
         assert!(verify("2^(n-1)", "\\frac{2^n}{2}"));
         assert!(verify("(n+1)^2", "n^2 + 2n + 1"));
         assert!(verify("\\frac{\\sqrt{3}}{2}x", "\\frac{x\\sqrt3}{2}"));
-        assert!(verify("\\sin x \\cdot \\sin x + \\cos x \\cdot \\cos x", "1"));
+        assert!(verify(
+            "\\sin x \\cdot \\sin x + \\cos x \\cdot \\cos x",
+            "1"
+        ));
         assert!(!verify("\\sin x", "\\cos x"));
         // math-verify reads both as 2; they differ.
         assert!(!verify("2^(m+1)", "2^m"));
