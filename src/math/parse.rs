@@ -3,11 +3,49 @@
 //! A small recursive-descent parser over LaTeX-ish tokens: integers (with thousands separators),
 //! decimals, `\frac`, mixed numbers, `\sqrt[n]{}`, `\pi`, `\infty`, `+ - * / ^ × ÷ \cdot \times
 //! \div`, implicit multiplication, `%`, parentheses/brackets (intervals and tuples) and `\{..\}`
-//! sets. Arithmetic is exact over rationals where possible. Knows nothing of responses or of the
-//! comparison policy; apply [`crate::math::normalize::normalize`] first.
+//! sets. Arithmetic is exact over rationals where possible. Single-letter variables (`n`, `x`,
+//! `\theta`) and the functions `sqrt`, `sin`, `cos`, `tan`, `ln`, `log`, `exp` (LaTeX or plain)
+//! are read when an [`Env`] gives each variable a value ([`parse_answer_in`]); symbolic answers
+//! are compared by evaluating both sides at a few points. Longer words are not variables (a
+//! sentence does not parse). Knows nothing of responses or of the comparison policy; apply
+//! [`crate::math::normalize::normalize`] first.
+
+use std::collections::BTreeMap;
 
 use super::number::{Kind, Num, Rational};
 use thiserror::Error;
+
+/// Values of the variables of a symbolic answer, by name (`n`, `theta`).
+pub type Env = BTreeMap<String, f64>;
+
+/// Function names read as functions, in LaTeX (`\sin`) or plain text (`sqrt(3)`).
+const FUNCTIONS: &[&str] = &["sqrt", "sin", "cos", "tan", "ln", "log", "exp", "pi"];
+
+/// Greek-letter commands read as variables.
+const GREEK: &[&str] = &[
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "theta",
+    "lambda",
+    "mu",
+    "phi",
+    "varphi",
+    "omega",
+    "sigma",
+    "tau",
+    "rho",
+    "epsilon",
+    "varepsilon",
+    "psi",
+    "eta",
+    "xi",
+    "zeta",
+    "kappa",
+    "nu",
+    "chi",
+];
 
 /// A parsed answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +86,8 @@ enum Tok {
     Num(String),
     Cmd(String),
     Letter(char),
+    /// A run of two or more letters that is not a function name (a word of a sentence).
+    Word(String),
     Sym(char),
     /// `\{` and `\}`
     SetOpen,
@@ -94,8 +134,18 @@ fn tokenize(s: &str) -> Vec<Tok> {
                 out.push(Tok::Cmd(chars[start..i].iter().collect()));
             }
         } else if c.is_alphabetic() {
-            out.push(Tok::Letter(c));
-            i += 1;
+            let start = i;
+            while i < chars.len() && chars[i].is_alphabetic() {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            if FUNCTIONS.contains(&word.as_str()) {
+                out.push(Tok::Cmd(word));
+            } else if i - start == 1 {
+                out.push(Tok::Letter(c));
+            } else {
+                out.push(Tok::Word(word));
+            }
         } else {
             out.push(Tok::Sym(c));
             i += 1;
@@ -111,6 +161,8 @@ struct Parser<'a> {
     pos: usize,
     depth: usize,
     input: &'a str,
+    /// Variable values; `None` reads a variable as an error (a purely numeric answer).
+    env: Option<&'a Env>,
 }
 
 /// An intermediate node: a number or a bracketed group that may become an interval or tuple.
@@ -376,6 +428,23 @@ impl<'a> Parser<'a> {
                 }
                 "pi" => Ok(Node::Num(Num::approx(std::f64::consts::PI))),
                 "infty" => Ok(Node::Num(Num::approx(f64::INFINITY))),
+                "sin" | "cos" | "tan" | "ln" | "log" | "exp" => {
+                    let x = match self.peek() {
+                        Some(Tok::Sym('{')) => self.braced()?,
+                        _ => self.power_num()?,
+                    }
+                    .resolved()
+                    .approx;
+                    let y = match c.as_str() {
+                        "sin" => x.sin(),
+                        "cos" => x.cos(),
+                        "tan" => x.tan(),
+                        "exp" => x.exp(),
+                        _ => x.ln(),
+                    };
+                    Ok(Node::Num(Num::approx(y)))
+                }
+                name if GREEK.contains(&name) => self.variable(name),
                 _ => Err(ParseError::Symbol {
                     input: self.input.to_string(),
                     symbol: format!("\\{c}"),
@@ -403,14 +472,37 @@ impl<'a> Parser<'a> {
                 self.pos += 1;
                 Ok(Node::Group(Answer::Set(items)))
             }
-            Tok::Letter(c) => Err(ParseError::Symbol {
+            Tok::Letter('e') if self.env.is_some() => {
+                Ok(Node::Num(Num::approx(std::f64::consts::E)))
+            }
+            Tok::Letter(c) => self.variable(&c.to_string()),
+            Tok::Word(w) => Err(ParseError::Symbol {
                 input: self.input.to_string(),
-                symbol: c.to_string(),
+                symbol: w,
             }),
             _ => {
                 self.pos -= 1;
                 Err(self.unexpected())
             }
+        }
+    }
+
+    /// A variable's value from the environment (an error without one).
+    fn variable(&mut self, name: &str) -> Result<Node, ParseError> {
+        match self.env.and_then(|e| e.get(name)) {
+            Some(v) => Ok(Node::Num(Num::approx(*v))),
+            None => Err(ParseError::Symbol {
+                input: self.input.to_string(),
+                symbol: name.to_string(),
+            }),
+        }
+    }
+
+    /// A function argument: a primary with its power (`\sin x^2` is `\sin(x^2)`).
+    fn power_num(&mut self) -> Result<Num, ParseError> {
+        match self.power()? {
+            Node::Num(n) => Ok(n),
+            Node::Group(_) => Err(self.unexpected()),
         }
     }
 
@@ -446,8 +538,12 @@ fn starts_primary(t: &Tok) -> bool {
     match t {
         Tok::Num(_) | Tok::SetOpen => true,
         Tok::Sym(c) => matches!(c, '(' | '{'),
-        Tok::Cmd(c) => matches!(c.as_str(), "frac" | "sqrt" | "pi" | "infty"),
-        Tok::Letter(_) => true,
+        Tok::Cmd(c) => {
+            matches!(c.as_str(), "frac" | "sqrt" | "pi" | "infty")
+                || FUNCTIONS.contains(&c.as_str())
+                || GREEK.contains(&c.as_str())
+        }
+        Tok::Letter(_) | Tok::Word(_) => true,
         Tok::SetClose => false,
     }
 }
@@ -511,9 +607,37 @@ fn thousands(s: &str) -> Option<String> {
     Some(out)
 }
 
-/// Parse a normalized answer. A top-level `lhs = rhs` keeps only the last right-hand side; a
-/// top-level comma list without brackets is a set.
+/// Parse a normalized numeric answer (a variable is an error). A top-level `lhs = rhs` keeps only
+/// the last right-hand side; a top-level comma list without brackets is a set.
 pub fn parse_answer(normalized: &str) -> Result<Answer, ParseError> {
+    parse_with(normalized, None)
+}
+
+/// Parse a normalized answer whose variables take the values in `env`.
+pub fn parse_answer_in(normalized: &str, env: &Env) -> Result<Answer, ParseError> {
+    parse_with(normalized, Some(env))
+}
+
+/// The variables of a normalized answer (single letters and Greek-letter commands, `e` aside),
+/// in the right-hand sides that [`parse_answer`] reads.
+pub fn variables(normalized: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for part in equation_rhs_parts(normalized.trim()) {
+        for t in tokenize(&part) {
+            let name = match t {
+                Tok::Letter(c) if c != 'e' => c.to_string(),
+                Tok::Cmd(c) if GREEK.contains(&c.as_str()) => c,
+                _ => continue,
+            };
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+fn parse_with(normalized: &str, env: Option<&Env>) -> Result<Answer, ParseError> {
     let s = normalized.trim();
     if s.is_empty() {
         return Err(ParseError::Empty);
@@ -526,12 +650,15 @@ pub fn parse_answer(normalized: &str) -> Result<Answer, ParseError> {
         }
         None => s,
     };
-    let s = last_equation_rhs(s);
+    let parts = equation_rhs_parts(s);
+    let s = parts.join(",");
+    let s = s.as_str();
     let mut p = Parser {
         toks: tokenize(s),
         pos: 0,
         depth: 0,
         input: s,
+        env,
     };
     if p.toks.is_empty() {
         return Err(ParseError::Empty);
@@ -545,6 +672,36 @@ pub fn parse_answer(normalized: &str) -> Result<Answer, ParseError> {
     } else {
         Answer::Set(items)
     })
+}
+
+/// Split `s` at top-level commas (outside brackets and braces); when every part is an equation
+/// (`f(x) = 0, f(x) = 1`, from "f(x)=0 or f(x)=1"), keep each right-hand side; otherwise the
+/// whole text as one part, through [`last_equation_rhs`].
+fn equation_rhs_parts(s: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    let is_eq = |p: &str| last_equation_rhs(p).len() < p.len();
+    if parts.len() > 1 && parts.iter().all(|p| is_eq(p)) {
+        parts
+            .into_iter()
+            .map(|p| last_equation_rhs(p).trim().to_string())
+            .collect()
+    } else {
+        vec![last_equation_rhs(s).to_string()]
+    }
 }
 
 /// `x = 5` -> `5`; `a = b = 7` -> `7`. Leaves `\le`/`\ge`/`!=` alone.

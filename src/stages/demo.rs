@@ -12,16 +12,35 @@ use crate::artifact::{read_batches, write_batch};
 use crate::engine::StageContext;
 
 fn table(i: Vec<i64>, x: Vec<f64>) -> RecordBatch {
-    let schema = ArrowSchema::new(vec![Field::new("i", DataType::Int64, false), Field::new("x", DataType::Float64, false)]);
-    RecordBatch::try_new(Arc::new(schema), vec![Arc::new(Int64Array::from(i)), Arc::new(Float64Array::from(x))]).expect("valid table")
+    let schema = ArrowSchema::new(vec![
+        Field::new("i", DataType::Int64, false),
+        Field::new("x", DataType::Float64, false),
+    ]);
+    RecordBatch::try_new(
+        Arc::new(schema),
+        vec![
+            Arc::new(Int64Array::from(i)),
+            Arc::new(Float64Array::from(x)),
+        ],
+    )
+    .expect("valid table")
 }
 
 fn read_table(ctx: &StageContext, input: &str) -> anyhow::Result<(Vec<i64>, Vec<f64>)> {
     let path = ctx.input(input)?;
     let b = read_batches(path)?;
-    let col = |n: &str| b.column_by_name(n).with_context(|| format!("{}: missing column `{n}`", path.display()));
-    let i = col("i")?.as_any().downcast_ref::<Int64Array>().with_context(|| format!("{}: column `i` is not int64", path.display()))?;
-    let x = col("x")?.as_any().downcast_ref::<Float64Array>().with_context(|| format!("{}: column `x` is not float64", path.display()))?;
+    let col = |n: &str| {
+        b.column_by_name(n)
+            .with_context(|| format!("{}: missing column `{n}`", path.display()))
+    };
+    let i = col("i")?
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .with_context(|| format!("{}: column `i` is not int64", path.display()))?;
+    let x = col("x")?
+        .as_any()
+        .downcast_ref::<Float64Array>()
+        .with_context(|| format!("{}: column `x` is not float64", path.display()))?;
     for (row, v) in x.values().iter().enumerate() {
         if !v.is_finite() {
             bail!("{}: row {row}: column `x` is {v}", path.display());

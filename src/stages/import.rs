@@ -12,9 +12,11 @@
 //! `prompt_col`, `solution_col`, `answer_col`, `id_col` override a layout's columns (dotted paths
 //! reach into nested objects/structs; `none` means the dataset has no such column). Columns not
 //! used go into `meta` with the file name and row. A mapping naming a column the file lacks is an
-//! error naming file and column; rows with non-UTF-8 text or no prompt are skipped and counted
-//! (`skipped_non_utf8`, `skipped_no_prompt`), rows without solution or answer are kept with
-//! nulls and counted (`missing_solution`, `missing_answer`) for `filter` to judge.
+//! error naming file and column, nested paths included (`reward_model.ground_truth` in a file
+//! whose `reward_model` has no `ground_truth` in any row); rows with non-UTF-8 text or no prompt
+//! are skipped, counted (`skipped_non_utf8`, `skipped_no_prompt`, also on stderr) and listed with
+//! their reason in the `skipped` table; rows without solution or answer are kept with nulls and
+//! counted (`missing_solution`, `missing_answer`) for `filter` to judge.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
@@ -27,6 +29,7 @@ use arrow::datatypes::{
 };
 use serde_json::{json, Map, Value};
 
+use super::skipped::{self, SkippedRow};
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{read_batches, write_rows, Schema};
 use crate::engine::StageContext;
@@ -389,9 +392,9 @@ impl Mapping {
         }
     }
 
-    /// Every explicitly mapped column must exist in the file (its top-level part, for dotted
-    /// paths). The verl solution column is optional since verl datasets often lack it.
-    fn check(&self, columns: &BTreeSet<String>, file: &Path) -> anyhow::Result<()> {
+    /// The columns the file must have, by role. The verl solution column is optional since verl
+    /// datasets often lack it.
+    fn required(&self) -> Vec<(&'static str, &String)> {
         let mut required: Vec<(&str, &String)> = vec![("prompt", &self.prompt)];
         if let Some(a) = &self.answer {
             required.push(("answer", a));
@@ -406,7 +409,12 @@ impl Mapping {
         if let Some(i) = &self.id {
             required.push(("id", i));
         }
-        for (what, col) in required {
+        required
+    }
+
+    /// Every required column must exist in the file (its top-level part, for dotted paths).
+    fn check(&self, columns: &BTreeSet<String>, file: &Path) -> anyhow::Result<()> {
+        for (what, col) in self.required() {
             let top = col.split('.').next().unwrap_or(col);
             if !columns.contains(top) {
                 bail!(
@@ -416,6 +424,39 @@ impl Mapping {
                     columns.iter().cloned().collect::<Vec<_>>().join(", ")
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// Every required nested column (`reward_model.ground_truth`) must be in the file's
+    /// schema: present (null or not) in at least one row. Otherwise every row would import
+    /// without it and nothing would say why.
+    fn check_nested(&self, rows: &[SourceRow], file: &Path) -> anyhow::Result<()> {
+        let objects = || {
+            rows.iter().filter_map(|r| match r {
+                SourceRow::Ok(o) => Some(o),
+                SourceRow::NonUtf8(_) => None,
+            })
+        };
+        for (what, col) in self.required().into_iter().filter(|(_, c)| c.contains('.')) {
+            if objects().any(|o| get_path(o, col).is_some()) {
+                continue;
+            }
+            let (parent, _) = col.rsplit_once('.').unwrap_or((col, ""));
+            let fields: BTreeSet<String> = objects()
+                .filter_map(|o| {
+                    get_path(o, parent)?
+                        .as_object()
+                        .map(|m| m.keys().cloned().collect::<Vec<_>>())
+                })
+                .flatten()
+                .collect();
+            bail!(
+                "{}: the {what} column `{col}` ({} layout) is not in the file's schema: `{parent}` has fields [{}]; set `{what}_col` (or `none`)",
+                file.display(),
+                self.layout.name(),
+                fields.into_iter().collect::<Vec<_>>().join(", ")
+            );
         }
         Ok(())
     }
@@ -501,15 +542,24 @@ pub struct ImportReport {
     pub missing_answer: i64,
 }
 
-/// Convert source rows into prompt rows.
+/// Convert source rows into prompt rows; the rows skipped, with their reasons, come back too.
 pub fn convert(
     file: &Path,
     rows: Vec<SourceRow>,
     columns: &BTreeSet<String>,
     m: &Mapping,
     source: &str,
-) -> anyhow::Result<(Vec<PromptRow>, ImportReport)> {
+) -> anyhow::Result<(Vec<PromptRow>, ImportReport, Vec<SkippedRow>)> {
     m.check(columns, file)?;
+    m.check_nested(&rows, file)?;
+    let mut skipped = Vec::new();
+    let skip = |row: usize, reason: &str, detail: String| SkippedRow {
+        stage: "import".into(),
+        row: row as i64,
+        id: None,
+        reason: reason.into(),
+        detail,
+    };
     let used = m.top_level_used();
     let file_name = file
         .file_name()
@@ -523,13 +573,30 @@ pub fn convert(
         let obj = match r {
             SourceRow::Ok(o) => o,
             SourceRow::NonUtf8(w) => {
-                eprintln!("import: skipping row with non-UTF-8 text at {w}");
                 rep.skipped_non_utf8 += 1;
+                skipped.push(skip(
+                    row_idx,
+                    "skipped_non_utf8",
+                    format!("non-UTF-8 text at {w}"),
+                ));
                 continue;
             }
         };
         let Some(prompt) = prompt_value(get_path(&obj, &m.prompt)) else {
             rep.skipped_no_prompt += 1;
+            let detail = format!(
+                "{}: column `{}` is {}",
+                file.display(),
+                m.prompt,
+                match get_path(&obj, &m.prompt) {
+                    None | Some(Value::Null) => "missing".to_string(),
+                    Some(v) => format!(
+                        "empty ({})",
+                        v.to_string().chars().take(80).collect::<String>()
+                    ),
+                }
+            );
+            skipped.push(skip(row_idx, "skipped_no_prompt", detail));
             continue;
         };
         let (solution, answer) = match m.layout {
@@ -591,7 +658,7 @@ pub fn convert(
             meta: meta.to_string(),
         });
     }
-    Ok((out, rep))
+    Ok((out, rep, skipped))
 }
 
 /// Stage `import`: input `source` (a file), output `prompts`.
@@ -620,7 +687,8 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
     } else {
         source
     };
-    let (out, rep) = convert(&path, rows, &columns, &m, &source)?;
+    let (out, rep, skipped_rows) = convert(&path, rows, &columns, &m, &source)?;
+    skipped::write(ctx, "import", &skipped_rows)?;
     ctx.count("rows_read", rep.rows_read);
     ctx.count("skipped_non_utf8", rep.skipped_non_utf8);
     ctx.count("skipped_no_prompt", rep.skipped_no_prompt);
@@ -652,10 +720,44 @@ mod tests {
         layout: &str,
         cols: [&str; 4],
     ) -> anyhow::Result<(Vec<PromptRow>, ImportReport)> {
+        import_all(path, layout, cols).map(|(rows, rep, _)| (rows, rep))
+    }
+
+    fn import_all(
+        path: &Path,
+        layout: &str,
+        cols: [&str; 4],
+    ) -> anyhow::Result<(Vec<PromptRow>, ImportReport, Vec<SkippedRow>)> {
         let (rows, columns) = read_source(path)?;
         let l = Layout::pick(layout, &columns, path)?;
         let m = Mapping::new(l, cols[0], cols[1], cols[2], cols[3]);
         convert(path, rows, &columns, &m, "test")
+    }
+
+    // Issue 18: this file used to import "successfully" with missing_answer = 2.
+    #[test]
+    fn a_verl_file_without_ground_truth_fails_naming_file_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("no_gt.jsonl");
+        let row = |q: &str| {
+            json!({"prompt": [{"role": "user", "content": q}], "reward_model": {"style": "rule"}, "data_source": "x"})
+                .to_string()
+        };
+        std::fs::write(&p, format!("{}\n{}\n", row("1+1?"), row("2+2?"))).unwrap();
+        let err = import(&p, "auto", ["", "", "", ""])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no_gt.jsonl")
+                && err.contains("`reward_model.ground_truth`")
+                && err.contains("[style]"),
+            "{err}"
+        );
+        // One row with the field (even null) puts it in the schema.
+        let with = json!({"prompt": [{"role": "user", "content": "3+3?"}], "reward_model": {"style": "rule", "ground_truth": null}});
+        std::fs::write(&p, format!("{}\n{with}\n", row("1+1?"))).unwrap();
+        let (rows, rep) = import(&p, "auto", ["", "", "", ""]).unwrap();
+        assert_eq!((rows.len(), rep.missing_answer), (2, 2));
     }
 
     fn data(rel: &str) -> std::path::PathBuf {
@@ -761,7 +863,19 @@ mod tests {
         bytes.extend_from_slice(b"{\"question\": \"No marker\", \"answer\": \"just text\"}\n\n");
         bytes.extend_from_slice(b"{\"question\": \"Empty\", \"answer\": null}\n");
         std::fs::write(&p, &bytes).unwrap();
-        let (rows, rep) = import(&p, "gsm8k", ["", "", "", ""]).unwrap();
+        let (rows, rep, skipped) = import_all(&p, "gsm8k", ["", "", "", ""]).unwrap();
+        // Every skipped row is named with its reason.
+        let named: Vec<(i64, &str)> = skipped.iter().map(|s| (s.row, s.reason.as_str())).collect();
+        assert_eq!(
+            named,
+            vec![(1, "skipped_non_utf8"), (2, "skipped_no_prompt")]
+        );
+        assert!(
+            skipped[1].detail.contains("bad.jsonl")
+                && skipped[1].detail.contains("`question` is empty"),
+            "{:?}",
+            skipped[1]
+        );
         assert_eq!(
             rep,
             ImportReport {

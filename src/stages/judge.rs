@@ -28,7 +28,8 @@ pub struct Prepared {
 /// Reads the `eval` input and plans the votes from the params both judge stages share
 /// (`templates`, `samples`, `seed`, `system`, `max_response_chars`).
 pub fn prepare(ctx: &StageContext) -> Result<Prepared> {
-    let templates = templates::resolve(&ctx.param::<Vec<String>>("templates")?).with_context(|| format!("stage `{}`", ctx.instance))?;
+    let templates = templates::resolve(&ctx.param::<Vec<String>>("templates")?)
+        .with_context(|| format!("stage `{}`", ctx.instance))?;
     let opts = PlanOptions {
         samples: ctx.param("samples")?,
         seed: ctx.param("seed")?,
@@ -40,7 +41,11 @@ pub fn prepare(ctx: &StageContext) -> Result<Prepared> {
     }
     let rows: Vec<EvalRow> = read_rows(ctx.input("eval")?, Schema::Eval)?;
     let votes = plan_votes(&rows, &templates, &opts);
-    Ok(Prepared { rows, templates, votes })
+    Ok(Prepared {
+        rows,
+        templates,
+        votes,
+    })
 }
 
 /// Aggregates the replies (`replies[i]` answers `votes[i]`) and writes both outputs, the counters
@@ -60,7 +65,8 @@ pub fn finish(ctx: &mut StageContext, prepared: Prepared, replies: &[String]) ->
 /// The `judgments` table with its columns fixed by [`JudgmentRow`] (also when there are no votes).
 fn write_judgments(path: &std::path::Path, rows: &[JudgmentRow]) -> Result<()> {
     use serde_arrow::schema::{SchemaLike, TracingOptions};
-    let fields = Vec::<arrow::datatypes::FieldRef>::from_type::<JudgmentRow>(TracingOptions::default())?;
+    let fields =
+        Vec::<arrow::datatypes::FieldRef>::from_type::<JudgmentRow>(TracingOptions::default())?;
     let batch = serde_arrow::to_record_batch(&fields, &rows)?;
     write_batch(path, &batch).with_context(|| format!("writing {}", path.display()))
 }
@@ -68,11 +74,18 @@ fn write_judgments(path: &std::path::Path, rows: &[JudgmentRow]) -> Result<()> {
 /// Reads a `judgments` table back (for reports and tests).
 pub fn read_judgments(path: &std::path::Path) -> Result<Vec<JudgmentRow>> {
     let batch = read_batches(path)?;
-    serde_arrow::from_record_batch(&batch).with_context(|| format!("{}: not a judgments table", path.display()))
+    serde_arrow::from_record_batch(&batch)
+        .with_context(|| format!("{}: not a judgments table", path.display()))
 }
 
 /// The OpenAI request body of a vote.
-pub fn request_body(model: &str, vote: &Vote, temperature: f64, top_p: f64, max_tokens: u64) -> serde_json::Value {
+pub fn request_body(
+    model: &str,
+    vote: &Vote,
+    temperature: f64,
+    top_p: f64,
+    max_tokens: u64,
+) -> serde_json::Value {
     json!({
         "model": model,
         "messages": vote.messages,
@@ -86,13 +99,21 @@ pub fn request_body(model: &str, vote: &Vote, temperature: f64, top_p: f64, max_
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let prepared = prepare(ctx)?;
     let model: String = ctx.param("model")?;
-    let (temperature, top_p, max_tokens): (f64, f64, u64) = (ctx.param("temperature")?, ctx.param("top_p")?, ctx.param("max_tokens")?);
+    let (temperature, top_p, max_tokens): (f64, f64, u64) = (
+        ctx.param("temperature")?,
+        ctx.param("top_p")?,
+        ctx.param("max_tokens")?,
+    );
     let key_env: String = ctx.param("api_key_env")?;
     // The key itself never enters params (they are part of the key and the run record).
-    let api_key = (!key_env.is_empty()).then(|| std::env::var(&key_env).ok()).flatten().filter(|k| !k.is_empty());
+    let api_key = (!key_env.is_empty())
+        .then(|| std::env::var(&key_env).ok())
+        .flatten()
+        .filter(|k| !k.is_empty());
     let secs = |name: &str| -> Result<Duration> {
         let s: f64 = ctx.param(name)?;
-        Duration::try_from_secs_f64(s).with_context(|| format!("stage `{}`: param `{name}` = {s}", ctx.instance))
+        Duration::try_from_secs_f64(s)
+            .with_context(|| format!("stage `{}`: param `{name}` = {s}", ctx.instance))
     };
     let client = ChatClient::new(HttpConfig {
         url: ctx.param("url")?,
@@ -103,7 +124,11 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         max_backoff: secs("max_backoff_s")?,
         concurrency: ctx.param("concurrency")?,
     })?;
-    let cache = if ctx.param::<bool>("cache")? { Some(ResponseCache::open(&ctx.cache_dir.join("judge"))?) } else { None };
+    let cache = if ctx.param::<bool>("cache")? {
+        Some(ResponseCache::open(&ctx.cache_dir.join("judge"))?)
+    } else {
+        None
+    };
 
     let requests: Vec<ChatRequest> = prepared
         .votes
@@ -122,9 +147,14 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             ChatRequest { body, label }
         })
         .collect();
-    let progress = Mutex::new(ctx.progress(requests.len() as u64, &format!("judge votes ({})", client.endpoint())));
+    let progress = Mutex::new(ctx.progress(
+        requests.len() as u64,
+        &format!("judge votes ({})", client.endpoint()),
+    ));
     let stats = Stats::default();
-    let result = client.complete_all(cache.as_ref(), &requests, &stats, &|| progress.lock().expect("progress").inc(1));
+    let result = client.complete_all(cache.as_ref(), &requests, &stats, &|| {
+        progress.lock().expect("progress").inc(1)
+    });
     progress.into_inner().expect("progress").finish();
     for (name, c) in [
         ("http_calls", &stats.http_calls),

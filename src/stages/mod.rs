@@ -8,6 +8,7 @@ pub mod import;
 pub mod judge;
 pub mod prompt_text;
 pub mod segment;
+pub mod skipped;
 pub mod taskgen;
 pub mod tokenizer_train;
 
@@ -22,19 +23,19 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "demo_step", version: "1", needs_ml: false },
     BuiltinInfo { name: "taskgen", version: "1", needs_ml: false },
     BuiltinInfo { name: "tokenizer_train", version: "1", needs_ml: false },
-    BuiltinInfo { name: "import", version: "1", needs_ml: false },
-    BuiltinInfo { name: "filter", version: "1", needs_ml: false },
-    BuiltinInfo { name: "bootstrap_sft", version: "1", needs_ml: true },
+    BuiltinInfo { name: "import", version: "2", needs_ml: false },
+    BuiltinInfo { name: "filter", version: "2", needs_ml: false },
+    BuiltinInfo { name: "bootstrap_sft", version: "2", needs_ml: true },
     BuiltinInfo { name: "segment", version: "1", needs_ml: false },
-    BuiltinInfo { name: "rollout", version: "1", needs_ml: true },
+    BuiltinInfo { name: "rollout", version: "2", needs_ml: true },
     BuiltinInfo { name: "score_sigma", version: "1", needs_ml: true },
-    BuiltinInfo { name: "score_mc", version: "2", needs_ml: true },
+    BuiltinInfo { name: "score_mc", version: "3", needs_ml: true },
     BuiltinInfo { name: "score_loo", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_grad", version: "1", needs_ml: true },
     BuiltinInfo { name: "score_progress", version: "1", needs_ml: true },
-    BuiltinInfo { name: "reset", version: "1", needs_ml: true },
+    BuiltinInfo { name: "reset", version: "2", needs_ml: true },
     BuiltinInfo { name: "update", version: "1", needs_ml: true },
-    BuiltinInfo { name: "eval", version: "1", needs_ml: true },
+    BuiltinInfo { name: "eval", version: "2", needs_ml: true },
     BuiltinInfo { name: "report", version: "1", needs_ml: false },
     BuiltinInfo { name: "analysis", version: "1", needs_ml: false },
     BuiltinInfo { name: "judge", version: "1", needs_ml: false },

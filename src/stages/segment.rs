@@ -23,7 +23,8 @@ enum OnEmpty {
 fn token_texts(tok: &tokenizers::Tokenizer, ids: &[i32]) -> Result<Vec<String>> {
     ids.iter()
         .map(|&id| {
-            tok.decode(&[id as u32], false).map_err(|e| anyhow::anyhow!("decoding token {id}: {e}"))
+            tok.decode(&[id as u32], false)
+                .map_err(|e| anyhow::anyhow!("decoding token {id}: {e}"))
         })
         .collect()
 }
@@ -34,7 +35,12 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if max_segments == 0 {
         bail!("stage `{}`: max_segments must be at least 1", ctx.instance);
     }
-    let params = Params { method, keywords: ctx.param("keywords")?, max_segments, homogenize: ctx.param("homogenize")? };
+    let params = Params {
+        method,
+        keywords: ctx.param("keywords")?,
+        max_segments,
+        homogenize: ctx.param("homogenize")?,
+    };
     let on_empty: OnEmpty = ctx.param("on_empty")?;
     let tok = super::tokenizer_train::load(ctx.input("tokenizer")?)?;
     let path = ctx.input("rollouts")?.to_path_buf();
@@ -43,7 +49,14 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (mut skipped, mut total_segments) = (0i64, 0i64);
     let mut progress = ctx.progress(rollouts.len() as u64, "segmenting");
     for (row_idx, r) in rollouts.iter().enumerate() {
-        let at = || format!("{} row {row_idx} (prompt {}, sample {})", path.display(), r.prompt_id, r.sample_idx);
+        let at = || {
+            format!(
+                "{} row {row_idx} (prompt {}, sample {})",
+                path.display(),
+                r.prompt_id,
+                r.sample_idx
+            )
+        };
         let n = r.completion_ids.len();
         if n == 0 {
             match on_empty {
@@ -55,7 +68,12 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             }
         }
         if r.entropies.len() != n || r.logprobs.len() != n {
-            bail!("{}: {} logprobs and {} entropies for {n} completion tokens", at(), r.logprobs.len(), r.entropies.len());
+            bail!(
+                "{}: {} logprobs and {} entropies for {n} completion tokens",
+                at(),
+                r.logprobs.len(),
+                r.entropies.len()
+            );
         }
         // A non-finite logprob means a broken rollout; later stages would train on it.
         if let Some(i) = r.logprobs.iter().position(|l| !l.is_finite()) {
@@ -82,7 +100,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     progress.finish();
     ctx.count("traces_segmented", out.len() as i64);
     ctx.count("empty_completions_skipped", skipped);
-    ctx.metric("mean_segments", total_segments as f64 / out.len().max(1) as f64);
+    ctx.metric(
+        "mean_segments",
+        total_segments as f64 / out.len().max(1) as f64,
+    );
     write_rows(ctx.output("segments")?, Schema::Segments, &out)?;
     Ok(())
 }

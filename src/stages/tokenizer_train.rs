@@ -97,7 +97,10 @@ pub fn load(path: &Path) -> anyhow::Result<Tokenizer> {
     } else {
         path.to_path_buf()
     };
-    if file.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+    if file
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
         anyhow::bail!(
             "{}: a GGUF file keeps its tokenizer in metadata only the model stages read; give this input a directory with the model's tokenizer.json (e.g. an `eval`/`rollout` output checkpoint or the original Hugging Face repo)",
             file.display()
@@ -245,6 +248,9 @@ mod tests {
         let gguf = dir.path().join("model.Q4_1.gguf");
         std::fs::write(&gguf, b"GGUF\x03\x00\x00\x00").unwrap();
         let err = load(&gguf).unwrap_err().to_string();
-        assert!(err.contains("model.Q4_1.gguf") && err.contains("tokenizer.json"), "{err}");
+        assert!(
+            err.contains("model.Q4_1.gguf") && err.contains("tokenizer.json"),
+            "{err}"
+        );
     }
 }
