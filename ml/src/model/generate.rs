@@ -875,7 +875,7 @@ mod tests {
     fn continuous_batching_checks_requests_like_the_static_batch() {
         let m = tiny_model(Arch::Qwen3, 44);
         let e =
-            generate_continuous(&m, None, &[vec![1i64; 500]], &[0], &params(1.0), 2).unwrap_err();
+            generate_continuous(&m, None, &[vec![1i64; 500]], &[0], &SamplingParams { max_new_tokens: 20, ..params(1.0) }, 2).unwrap_err();
         assert!(
             matches!(e, ModelError::ContextOverflow { row: 0, .. }),
             "{e}"
