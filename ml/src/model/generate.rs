@@ -426,10 +426,10 @@ fn generate_static(
             }
             let host = read_back(&records)?;
             for j in 0..records.len() {
-                for row in 0..prompts.len() {
-                    if !done[row] {
+                for (row, finished) in done.iter_mut().enumerate() {
+                    if !*finished {
                         let at = (j * prompts.len() + row) * 4;
-                        done[row] = rows.push(row, &host[at..at + 4])?;
+                        *finished = rows.push(row, &host[at..at + 4])?;
                     }
                 }
             }
@@ -573,7 +573,8 @@ fn continuous(
                         Some(&mut cache),
                     );
                     logits = model.logits(&h.squeeze_dim(1));
-                    cols = cols + &advance;
+                    // A new tensor: the cache's write index still views the old one.
+                    cols = &cols + &advance;
                 }
                 let host = read_back(&records)?;
                 for &s in &active {
