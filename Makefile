@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH := $(VENV)/lib/python3.11/site-packages/torch/lib:$(LD_LI
 export RREDCOT_VENV := $(VENV)
 CARGO ?= cargo
 
-.PHONY: all build run test test-deps bench venv clean-store
+.PHONY: all build run test test-gpu test-deps bench venv clean-store
 
 all: build
 
@@ -57,6 +57,15 @@ run: build
 test: $(TORCH_STAMP) $(TEST_STAMP)
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace -- --test-threads=2
+
+# CUDA checks (issue 17): tests/gpu.rs (AdamW restore on CUDA, CPU/GPU agreement of logits,
+# tokens and scores, a shortened quickstart with device = cuda against the CPU), then every ML
+# integration test (their stages default to device = auto, so CUDA there). Without a CUDA device
+# the GPU tests print SKIP and pass.
+test-gpu: $(TORCH_STAMP) $(TEST_STAMP)
+	$(CARGO) build --workspace --bins
+	$(CARGO) test -p rredcot-ml --test gpu -- --nocapture --test-threads=1
+	$(CARGO) test -p rredcot-ml --tests -- --test-threads=2
 
 bench: build $(TEST_STAMP)
 	bash bench/run.sh

@@ -10,3 +10,6 @@ pub mod model;
 pub mod serve;
 pub mod stages;
 pub mod train;
+
+#[cfg(test)]
+mod device_discipline;

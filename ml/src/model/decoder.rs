@@ -98,6 +98,12 @@ impl DecoderLm {
         self.vs.set_kind(kind);
     }
 
+    /// Moves all weights (and the rotary tables) to `device`.
+    pub fn to_device(&mut self, device: Device) {
+        self.vs.set_device(device);
+        self.rotary = Rotary::new(self.cfg.head_dim, self.cfg.rope_theta, device);
+    }
+
     /// An empty KV cache for `batch` rows with room for `capacity` tokens.
     pub fn new_cache(&self, batch: i64, capacity: i64) -> KvCache {
         KvCache::new(

@@ -1,11 +1,20 @@
-//! Batched sampling with a KV cache.
+//! Batched sampling with a preallocated KV cache, as a static batch ([`generate`]) or with
+//! continuous batching ([`generate_continuous`]).
 //!
-//! Prompts are left-padded into one batch; positions come from the attention mask (as in
-//! `transformers`' `generate`), so padded and unpadded rows produce the same tokens. Each row
-//! draws its uniforms from its own ChaCha stream seeded by the row's seed, so a row's sample is a
-//! deterministic function of (model, prompt, seed, params, batch) and independent of the global
-//! torch RNG. Per step the host reads back only `[B, 4]` numbers (token, logprob, entropy,
-//! finite flag), needed anyway to check stop conditions.
+//! Static batch: prompts are left-padded into one batch; positions come from the attention mask
+//! (as in `transformers`' `generate`), so padded and unpadded rows produce the same tokens.
+//! Continuous batching: `slots` rows decode at once, each at its own cache columns and positions
+//! (no padding); a finished row's slot takes the next waiting prompt, so a few long completions
+//! do not hold the batch. Each row draws its uniforms from its own ChaCha stream seeded by the
+//! row's seed, so a row's sample is a deterministic function of (model, prompt, seed, params) and
+//! independent of the global torch RNG and of which rows share its batch: both ways give the same
+//! tokens (up to float rounding of the batch shape).
+//!
+//! Host synchronisation: per step the device produces `[B, 4]` numbers (token, logprob, entropy,
+//! finite flag); the host reads them back every [`sync_every`] steps (every step on the CPU,
+//! where ops are synchronous anyway) to check stop conditions. Uniforms for those steps are
+//! uploaded in one copy. Rows that finished between reads run on and their extra tokens are
+//! discarded, so the output does not depend on the read interval.
 //!
 //! `logprobs`/`entropies` are those of the *sampling distribution*: softmax(logits / T) after
 //! top-k and top-p filtering. For greedy decoding (`temperature == 0`) they are those of the
@@ -14,11 +23,11 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::decoder::{DecoderLm, MASKED};
 use super::error::{ModelError, Result};
-use super::layers::AttnMask;
+use super::layers::{AttnMask, KvCache};
 use super::tokenizer::Tokenizer;
 
 /// Sampling parameters shared by all rows of a request.
@@ -129,14 +138,23 @@ fn sample_step(
     (token, chosen, entropy, finite)
 }
 
-/// Generates completions for `prompts` (token ids), one seed per row.
-pub fn generate(
+/// Steps between host reads of the sampled tokens on `dev`: a read waits for the device queue,
+/// so CUDA reads every 16 steps; CPU ops are synchronous, so there every step (stops earliest).
+pub fn sync_every(dev: Device) -> usize {
+    match dev {
+        Device::Cpu => 1,
+        _ => 16,
+    }
+}
+
+/// Checks a request; `Some` is the answer of an empty one (no prompts or no new tokens).
+fn check_request(
     model: &DecoderLm,
     tokenizer: Option<&Tokenizer>,
     prompts: &[Vec<i64>],
     seeds: &[u64],
     p: &SamplingParams,
-) -> Result<Vec<Generation>> {
+) -> Result<Option<Vec<Generation>>> {
     if prompts.len() != seeds.len() {
         return Err(ModelError::Request(format!(
             "{} prompts but {} seeds",
@@ -154,16 +172,18 @@ pub fn generate(
         return Err(ModelError::Request("stop strings need a tokenizer".into()));
     }
     if prompts.is_empty() || p.max_new_tokens == 0 {
-        return Ok(prompts
-            .iter()
-            .map(|_| Generation {
-                tokens: vec![],
-                logprobs: vec![],
-                entropies: vec![],
-                finish_reason: FinishReason::Length,
-                text: tokenizer.map(|_| String::new()),
-            })
-            .collect());
+        return Ok(Some(
+            prompts
+                .iter()
+                .map(|_| Generation {
+                    tokens: vec![],
+                    logprobs: vec![],
+                    entropies: vec![],
+                    finish_reason: FinishReason::Length,
+                    text: tokenizer.map(|_| String::new()),
+                })
+                .collect(),
+        ));
     }
     for (row, pr) in prompts.iter().enumerate() {
         if pr.is_empty() {
@@ -171,9 +191,170 @@ pub fn generate(
         }
         model.check_ids(pr, row, p.max_new_tokens)?;
     }
-    let mut stop_ids = p.stop_token_ids.clone();
-    if let Some(t) = tokenizer {
-        stop_ids.extend(&t.eos_ids);
+    Ok(None)
+}
+
+/// The host side of a request: the completions so far and the stop rules.
+struct Completions<'a> {
+    tokenizer: Option<&'a Tokenizer>,
+    p: &'a SamplingParams,
+    stop_ids: Vec<i64>,
+    max_stop_chars: usize,
+    out: Vec<Generation>,
+}
+
+impl<'a> Completions<'a> {
+    fn new(tokenizer: Option<&'a Tokenizer>, p: &'a SamplingParams, rows: usize) -> Self {
+        let mut stop_ids = p.stop_token_ids.clone();
+        if let Some(t) = tokenizer {
+            stop_ids.extend(&t.eos_ids);
+        }
+        let max_stop_chars = p
+            .stop_strings
+            .iter()
+            .map(|s| s.chars().count())
+            .max()
+            .unwrap_or(0);
+        let out = (0..rows)
+            .map(|_| Generation {
+                tokens: vec![],
+                logprobs: vec![],
+                entropies: vec![],
+                finish_reason: FinishReason::Length,
+                text: None,
+            })
+            .collect();
+        Completions {
+            tokenizer,
+            p,
+            stop_ids,
+            max_stop_chars,
+            out,
+        }
+    }
+
+    /// Records `row`'s next sampled token (`r` = token, logprob, entropy, finite flag); true
+    /// when the row is finished (a stop token or string, or `max_new_tokens` reached).
+    fn push(&mut self, row: usize, r: &[f64]) -> Result<bool> {
+        let g = &mut self.out[row];
+        if r[3] == 0.0 {
+            return Err(ModelError::NonFinite {
+                row,
+                step: g.tokens.len(),
+            });
+        }
+        let t = r[0] as i64;
+        g.tokens.push(t);
+        g.logprobs.push(r[1] as f32);
+        g.entropies.push(r[2] as f32);
+        if self.stop_ids.contains(&t) {
+            g.finish_reason = FinishReason::Stop;
+            return Ok(true);
+        }
+        if let (Some(tk), false) = (self.tokenizer, self.p.stop_strings.is_empty()) {
+            let tail = &g.tokens[g.tokens.len().saturating_sub(self.max_stop_chars + 8)..];
+            let text = tk.decode(tail, false)?;
+            if self
+                .p
+                .stop_strings
+                .iter()
+                .any(|s| text.contains(s.as_str()))
+            {
+                g.finish_reason = FinishReason::Stop;
+                return Ok(true);
+            }
+        }
+        Ok(g.tokens.len() >= self.p.max_new_tokens)
+    }
+
+    /// The completions, with their text decoded and cut before a matched stop string.
+    fn finish(mut self) -> Result<Vec<Generation>> {
+        if let Some(tk) = self.tokenizer {
+            for g in &mut self.out {
+                let mut text = tk.decode(&g.tokens, true)?;
+                if let Some(cut) = self
+                    .p
+                    .stop_strings
+                    .iter()
+                    .filter_map(|s| text.find(s.as_str()))
+                    .min()
+                {
+                    text.truncate(cut);
+                }
+                g.text = Some(text);
+            }
+        }
+        Ok(self.out)
+    }
+}
+
+/// `[steps, rows]` uniforms on `dev`, one upload: step-major, each row's from its own stream
+/// (`None`: an idle slot, which gets 0.5).
+fn uniforms(rngs: &mut [Option<&mut ChaCha8Rng>], steps: usize, dev: Device) -> Tensor {
+    let mut u = Vec::with_capacity(steps * rngs.len());
+    for _ in 0..steps {
+        u.extend(
+            rngs.iter_mut()
+                .map(|r| r.as_mut().map_or(0.5, |r| r.random::<f64>())),
+        );
+    }
+    Tensor::from_slice(&u)
+        .view([steps as i64, rngs.len() as i64])
+        .to_kind(Kind::Float)
+        .to_device(dev)
+}
+
+/// One step's `[B, 4]` (token, logprob, entropy, finite) as float64, and the tokens `[B]`.
+fn sample_record(logits: &Tensor, p: &SamplingParams, u: &Tensor) -> (Tensor, Tensor) {
+    let (tok, lp, ent, finite) = sample_step(&logits.to_kind(Kind::Float), p, u);
+    let rec = Tensor::stack(
+        &[
+            tok.to_kind(Kind::Double),
+            lp.to_kind(Kind::Double),
+            ent.to_kind(Kind::Double),
+            finite.to_kind(Kind::Double),
+        ],
+        1,
+    );
+    (rec, tok)
+}
+
+/// Reads back `[steps, B, 4]` records (the one host synchronisation of a chunk).
+fn read_back(records: &[Tensor]) -> Result<Vec<f64>> {
+    let host = Tensor::stack(records, 0).to_device(Device::Cpu);
+    Vec::<f64>::try_from(host.view([-1]))
+        .map_err(|e| ModelError::Request(format!("reading sampled tokens: {e}")))
+}
+
+/// Generates completions for `prompts` (token ids), one seed per row, as one static batch.
+pub fn generate(
+    model: &DecoderLm,
+    tokenizer: Option<&Tokenizer>,
+    prompts: &[Vec<i64>],
+    seeds: &[u64],
+    p: &SamplingParams,
+) -> Result<Vec<Generation>> {
+    generate_static(
+        model,
+        tokenizer,
+        prompts,
+        seeds,
+        p,
+        sync_every(model.device()),
+    )
+}
+
+/// [`generate`], reading the sampled tokens back every `every` steps.
+fn generate_static(
+    model: &DecoderLm,
+    tokenizer: Option<&Tokenizer>,
+    prompts: &[Vec<i64>],
+    seeds: &[u64],
+    p: &SamplingParams,
+    every: usize,
+) -> Result<Vec<Generation>> {
+    if let Some(empty) = check_request(model, tokenizer, prompts, seeds, p)? {
+        return Ok(empty);
     }
     let pad_id = tokenizer.map_or(0, |t| t.pad_id);
     let dev = model.device();
@@ -193,28 +374,15 @@ pub fn generate(
         .iter()
         .map(|&s| ChaCha8Rng::seed_from_u64(s))
         .collect();
-    let mut out: Vec<Generation> = (0..prompts.len())
-        .map(|_| Generation {
-            tokens: vec![],
-            logprobs: vec![],
-            entropies: vec![],
-            finish_reason: FinishReason::Length,
-            text: None,
-        })
-        .collect();
+    let mut rows = Completions::new(tokenizer, p, prompts.len());
     let mut done = vec![false; prompts.len()];
-    let max_stop_chars = p
-        .stop_strings
-        .iter()
-        .map(|s| s.chars().count())
-        .max()
-        .unwrap_or(0);
+    let max_new = p.max_new_tokens;
 
     tch::no_grad(|| -> Result<()> {
-        let mut cache = model.new_cache(b, plen + p.max_new_tokens as i64);
+        let mut cache = model.new_cache(b, plen + max_new as i64);
         let positions = (key_mask.cumsum(-1, Kind::Int64) - 1).clamp_min(0);
         let prefill_mask = if padded {
-            AttnMask::Bias(super::decoder::causal_bias(
+            AttnMask::Bias(crate::model::decoder::causal_bias(
                 b,
                 plen,
                 0,
@@ -228,83 +396,210 @@ pub fn generate(
         let h = model.hidden(&ids, &positions, &prefill_mask, Some(&mut cache));
         let mut logits = model.logits(&h.narrow(1, plen - 1, 1).squeeze_dim(1));
         let mut next_pos = positions.narrow(1, plen - 1, 1) + 1;
-        // Padding bias over the prompt keys; new keys are always visible.
-        let pad_bias = Tensor::zeros([b, 1, 1, plen], (model.kind(), dev))
-            .masked_fill(&key_mask.eq(0).view([b, 1, 1, plen]), MASKED);
-        for step in 0..p.max_new_tokens {
-            let u: Vec<f64> = rngs.iter_mut().map(|r| r.random::<f64>()).collect();
-            let u = Tensor::from_slice(&u).to_kind(Kind::Float).to_device(dev);
-            let (tok, lp, ent, finite) = sample_step(&logits.to_kind(Kind::Float), p, &u);
-            let host = Tensor::stack(
-                &[
-                    tok.to_kind(Kind::Double),
-                    lp.to_kind(Kind::Double),
-                    ent.to_kind(Kind::Double),
-                    finite.to_kind(Kind::Double),
-                ],
-                1,
-            )
-            .to_device(tch::Device::Cpu);
-            let host = Vec::<f64>::try_from(host.view([-1]))
-                .map_err(|e| ModelError::Request(format!("reading sampled tokens: {e}")))?;
-            for row in 0..prompts.len() {
-                if done[row] {
-                    continue;
+        // Padding bias over every column the cache will hold, made once: the prompt's padding
+        // is hidden, new keys are always visible. Each step reads a prefix of it.
+        let bias = padded.then(|| {
+            let pad_bias = Tensor::zeros([b, 1, 1, plen], (model.kind(), dev))
+                .masked_fill(&key_mask.eq(0).view([b, 1, 1, plen]), MASKED);
+            let fresh = Tensor::zeros([b, 1, 1, max_new as i64], (model.kind(), dev));
+            Tensor::cat(&[&pad_bias, &fresh], -1)
+        });
+        let mut step = 0;
+        while step < max_new {
+            let n = every.min(max_new - step);
+            let mut streams: Vec<Option<&mut ChaCha8Rng>> = rngs.iter_mut().map(Some).collect();
+            let u = uniforms(&mut streams, n, dev);
+            let mut records = Vec::with_capacity(n);
+            for j in 0..n {
+                let (rec, tok) = sample_record(&logits, p, &u.get(j as i64));
+                records.push(rec);
+                if step + j + 1 == max_new {
+                    break;
                 }
-                let r = &host[row * 4..row * 4 + 4];
-                if r[3] == 0.0 {
-                    return Err(ModelError::NonFinite { row, step });
-                }
-                let t = r[0] as i64;
-                let g = &mut out[row];
-                g.tokens.push(t);
-                g.logprobs.push(r[1] as f32);
-                g.entropies.push(r[2] as f32);
-                if stop_ids.contains(&t) {
-                    g.finish_reason = FinishReason::Stop;
-                    done[row] = true;
-                } else if let (Some(tk), false) = (tokenizer, p.stop_strings.is_empty()) {
-                    let tail = &g.tokens[g.tokens.len().saturating_sub(max_stop_chars + 8)..];
-                    let text = tk.decode(tail, false)?;
-                    if p.stop_strings.iter().any(|s| text.contains(s.as_str())) {
-                        g.finish_reason = FinishReason::Stop;
-                        done[row] = true;
+                let mask = match &bias {
+                    Some(bias) => AttnMask::Bias(bias.narrow(3, 0, cache.len() + 1)),
+                    None => AttnMask::Full,
+                };
+                let h = model.hidden(&tok.unsqueeze(-1), &next_pos, &mask, Some(&mut cache));
+                logits = model.logits(&h.squeeze_dim(1));
+                next_pos += 1;
+            }
+            let host = read_back(&records)?;
+            for j in 0..records.len() {
+                for (row, finished) in done.iter_mut().enumerate() {
+                    if !*finished {
+                        let at = (j * prompts.len() + row) * 4;
+                        *finished = rows.push(row, &host[at..at + 4])?;
                     }
                 }
             }
-            if done.iter().all(|&d| d) || step + 1 == p.max_new_tokens {
+            step += n;
+            if done.iter().all(|&d| d) {
                 break;
             }
-            let step_ids = tok.unsqueeze(-1);
-            let mask = if padded {
-                let s = cache.len() + 1;
-                let fresh = Tensor::zeros([b, 1, 1, s - plen], (model.kind(), dev));
-                AttnMask::Bias(Tensor::cat(&[&pad_bias, &fresh], -1))
-            } else {
-                AttnMask::Full
-            };
-            let h = model.hidden(&step_ids, &next_pos, &mask, Some(&mut cache));
-            logits = model.logits(&h.squeeze_dim(1));
-            next_pos += 1;
         }
         Ok(())
     })?;
+    rows.finish()
+}
 
-    if let Some(tk) = tokenizer {
-        for g in &mut out {
-            let mut text = tk.decode(&g.tokens, true)?;
-            if let Some(cut) = p
-                .stop_strings
-                .iter()
-                .filter_map(|s| text.find(s.as_str()))
-                .min()
-            {
-                text.truncate(cut);
-            }
-            g.text = Some(text);
-        }
+/// Prefills `prompt` alone into slot `s` of `cache` (from column 0) and puts its next-token
+/// logits in row `s` of `logits`; returns the slot's next column (the prompt length).
+fn prefill_slot(
+    model: &DecoderLm,
+    prompt: &[i64],
+    s: usize,
+    cache: &mut KvCache,
+    logits: &mut Tensor,
+) -> i64 {
+    let dev = model.device();
+    let len = prompt.len() as i64;
+    let ids = Tensor::from_slice(prompt).view([1, len]).to_device(dev);
+    let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
+    let mut view = cache.row_view(s as i64);
+    let h = model.hidden(&ids, &pos, &AttnMask::Causal, Some(&mut view));
+    logits
+        .narrow(0, s as i64, 1)
+        .copy_(&model.logits(&h.narrow(1, len - 1, 1).squeeze_dim(1)));
+    len
+}
+
+/// Generates completions for `prompts`, one seed per row, decoding at most `slots` rows at a
+/// time: when a row finishes, its slot takes the next waiting prompt (prefilled alone into the
+/// slot's cache columns). Rows are independent, so each row gets the tokens [`generate`] gives
+/// it in any static batch. `slots = 0` means one slot per prompt.
+pub fn generate_continuous(
+    model: &DecoderLm,
+    tokenizer: Option<&Tokenizer>,
+    prompts: &[Vec<i64>],
+    seeds: &[u64],
+    p: &SamplingParams,
+    slots: usize,
+) -> Result<Vec<Generation>> {
+    continuous(
+        model,
+        tokenizer,
+        prompts,
+        seeds,
+        p,
+        slots,
+        sync_every(model.device()),
+    )
+}
+
+/// [`generate_continuous`], reading the sampled tokens back (and refilling slots) every
+/// `every` steps.
+fn continuous(
+    model: &DecoderLm,
+    tokenizer: Option<&Tokenizer>,
+    prompts: &[Vec<i64>],
+    seeds: &[u64],
+    p: &SamplingParams,
+    slots: usize,
+    every: usize,
+) -> Result<Vec<Generation>> {
+    if let Some(empty) = check_request(model, tokenizer, prompts, seeds, p)? {
+        return Ok(empty);
     }
-    Ok(out)
+    let dev = model.device();
+    let n_slots = if slots == 0 {
+        prompts.len()
+    } else {
+        slots.min(prompts.len())
+    };
+    let max_new = p.max_new_tokens;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut rngs: Vec<ChaCha8Rng> = seeds
+        .iter()
+        .map(|&s| ChaCha8Rng::seed_from_u64(s))
+        .collect();
+    let mut rows = Completions::new(tokenizer, p, prompts.len());
+    // Which prompt each slot decodes, and the cache column of its next token.
+    let mut occupant: Vec<Option<usize>> = vec![None; n_slots];
+    let mut column = vec![0i64; n_slots];
+    let mut waiting = 0usize;
+
+    tch::no_grad(|| -> Result<()> {
+        // A row that finished between reads writes up to `every` more columns.
+        let capacity = (longest + max_new + every) as i64;
+        let mut cache = model.new_cache(n_slots as i64, capacity);
+        let mut logits = Tensor::zeros([n_slots as i64, model.cfg.vocab_size], (model.kind(), dev));
+        for s in 0..n_slots {
+            column[s] = prefill_slot(model, &prompts[waiting], s, &mut cache, &mut logits);
+            occupant[s] = Some(waiting);
+            waiting += 1;
+        }
+        loop {
+            let active: Vec<usize> = (0..n_slots).filter(|&s| occupant[s].is_some()).collect();
+            if active.is_empty() {
+                break;
+            }
+            // No more steps than the longest remaining budget of a decoding row.
+            let budget = active
+                .iter()
+                .map(|&s| max_new - rows.out[occupant[s].expect("active")].tokens.len())
+                .max()
+                .unwrap_or(0);
+            let n = every.min(budget);
+            let u = {
+                let mut taken: Vec<Option<&mut ChaCha8Rng>> = rngs.iter_mut().map(Some).collect();
+                let mut streams: Vec<Option<&mut ChaCha8Rng>> = occupant
+                    .iter()
+                    .map(|o| o.and_then(|row| taken[row].take()))
+                    .collect();
+                uniforms(&mut streams, n, dev)
+            };
+            {
+                // Idle slots stay at their column (they write there, unread by any live row).
+                let advance: Vec<i64> = occupant.iter().map(|o| o.is_some() as i64).collect();
+                let advance = Tensor::from_slice(&advance).to_device(dev);
+                let mut cols = Tensor::from_slice(&column).to_device(dev);
+                let keys_from = active.iter().map(|&s| column[s]).max().unwrap_or(0);
+                let mut records = Vec::with_capacity(n);
+                for j in 0..n {
+                    let (rec, tok) = sample_record(&logits, p, &u.get(j as i64));
+                    records.push(rec);
+                    // Slot s sees its columns 0..=cols[s]: its prompt, its tokens, this one.
+                    let read = keys_from + j as i64 + 1;
+                    let keys = Tensor::arange(read, (Kind::Int64, dev)).view([1, 1, 1, read]);
+                    let hidden = keys.gt_tensor(&cols.view([n_slots as i64, 1, 1, 1]));
+                    let bias = Tensor::zeros([n_slots as i64, 1, 1, read], (model.kind(), dev))
+                        .masked_fill(&hidden, MASKED);
+                    cache.write_rows_at(&cols, read);
+                    let h = model.hidden(
+                        &tok.unsqueeze(-1),
+                        &cols.unsqueeze(-1),
+                        &AttnMask::Bias(bias),
+                        Some(&mut cache),
+                    );
+                    logits = model.logits(&h.squeeze_dim(1));
+                    // A new tensor: the cache's write index still views the old one.
+                    cols = &cols + &advance;
+                }
+                let host = read_back(&records)?;
+                for &s in &active {
+                    column[s] += n as i64;
+                    let row = occupant[s].expect("active");
+                    for j in 0..n {
+                        let at = (j * n_slots + s) * 4;
+                        if rows.push(row, &host[at..at + 4])? {
+                            occupant[s] = None;
+                            break;
+                        }
+                    }
+                }
+            }
+            for s in 0..n_slots {
+                if occupant[s].is_none() && waiting < prompts.len() {
+                    column[s] = prefill_slot(model, &prompts[waiting], s, &mut cache, &mut logits);
+                    occupant[s] = Some(waiting);
+                    waiting += 1;
+                }
+            }
+        }
+        Ok(())
+    })?;
+    rows.finish()
 }
 
 #[cfg(test)]
@@ -312,6 +607,294 @@ mod tests {
     use super::*;
     use crate::model::config::Arch;
     use crate::model::score::tests::tiny_model;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// The decode loop before issue 17 (a host read every step, the mask concatenated every step),
+    /// kept as the oracle the static batch must equal exactly.
+    fn generate_before(
+        model: &DecoderLm,
+        tokenizer: Option<&Tokenizer>,
+        prompts: &[Vec<i64>],
+        seeds: &[u64],
+        p: &SamplingParams,
+    ) -> Result<Vec<Generation>> {
+        if prompts.len() != seeds.len() {
+            return Err(ModelError::Request(format!(
+                "{} prompts but {} seeds",
+                prompts.len(),
+                seeds.len()
+            )));
+        }
+        if !(p.top_p > 0.0 && p.top_p <= 1.0) || p.temperature < 0.0 || p.top_k < 0 {
+            return Err(ModelError::Request(format!(
+                "invalid sampling params: temperature {}, top_p {}, top_k {}",
+                p.temperature, p.top_p, p.top_k
+            )));
+        }
+        if !p.stop_strings.is_empty() && tokenizer.is_none() {
+            return Err(ModelError::Request("stop strings need a tokenizer".into()));
+        }
+        if prompts.is_empty() || p.max_new_tokens == 0 {
+            return Ok(prompts
+                .iter()
+                .map(|_| Generation {
+                    tokens: vec![],
+                    logprobs: vec![],
+                    entropies: vec![],
+                    finish_reason: FinishReason::Length,
+                    text: tokenizer.map(|_| String::new()),
+                })
+                .collect());
+        }
+        for (row, pr) in prompts.iter().enumerate() {
+            if pr.is_empty() {
+                return Err(ModelError::Request(format!("row {row}: empty prompt")));
+            }
+            model.check_ids(pr, row, p.max_new_tokens)?;
+        }
+        let mut stop_ids = p.stop_token_ids.clone();
+        if let Some(t) = tokenizer {
+            stop_ids.extend(&t.eos_ids);
+        }
+        let pad_id = tokenizer.map_or(0, |t| t.pad_id);
+        let dev = model.device();
+        let b = prompts.len() as i64;
+        let plen = prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
+        let padded = prompts.iter().any(|x| x.len() as i64 != plen);
+        let mut ids = Vec::with_capacity((b * plen) as usize);
+        let mut mask = Vec::with_capacity((b * plen) as usize);
+        for pr in prompts {
+            let pad = plen as usize - pr.len();
+            ids.extend(std::iter::repeat_n(pad_id, pad).chain(pr.iter().copied()));
+            mask.extend(std::iter::repeat_n(0i64, pad).chain(std::iter::repeat_n(1, pr.len())));
+        }
+        let ids = Tensor::from_slice(&ids).view([b, plen]).to_device(dev);
+        let key_mask = Tensor::from_slice(&mask).view([b, plen]).to_device(dev);
+        let mut rngs: Vec<ChaCha8Rng> = seeds
+            .iter()
+            .map(|&s| ChaCha8Rng::seed_from_u64(s))
+            .collect();
+        let mut out: Vec<Generation> = (0..prompts.len())
+            .map(|_| Generation {
+                tokens: vec![],
+                logprobs: vec![],
+                entropies: vec![],
+                finish_reason: FinishReason::Length,
+                text: None,
+            })
+            .collect();
+        let mut done = vec![false; prompts.len()];
+        let max_stop_chars = p
+            .stop_strings
+            .iter()
+            .map(|s| s.chars().count())
+            .max()
+            .unwrap_or(0);
+
+        tch::no_grad(|| -> Result<()> {
+            let mut cache = model.new_cache(b, plen + p.max_new_tokens as i64);
+            let positions = (key_mask.cumsum(-1, Kind::Int64) - 1).clamp_min(0);
+            let prefill_mask = if padded {
+                AttnMask::Bias(crate::model::decoder::causal_bias(
+                    b,
+                    plen,
+                    0,
+                    Some(&key_mask),
+                    model.kind(),
+                    dev,
+                ))
+            } else {
+                AttnMask::Causal
+            };
+            let h = model.hidden(&ids, &positions, &prefill_mask, Some(&mut cache));
+            let mut logits = model.logits(&h.narrow(1, plen - 1, 1).squeeze_dim(1));
+            let mut next_pos = positions.narrow(1, plen - 1, 1) + 1;
+            // Padding bias over the prompt keys; new keys are always visible.
+            let pad_bias = Tensor::zeros([b, 1, 1, plen], (model.kind(), dev))
+                .masked_fill(&key_mask.eq(0).view([b, 1, 1, plen]), MASKED);
+            for step in 0..p.max_new_tokens {
+                let u: Vec<f64> = rngs.iter_mut().map(|r| r.random::<f64>()).collect();
+                let u = Tensor::from_slice(&u).to_kind(Kind::Float).to_device(dev);
+                let (tok, lp, ent, finite) = sample_step(&logits.to_kind(Kind::Float), p, &u);
+                let host = Tensor::stack(
+                    &[
+                        tok.to_kind(Kind::Double),
+                        lp.to_kind(Kind::Double),
+                        ent.to_kind(Kind::Double),
+                        finite.to_kind(Kind::Double),
+                    ],
+                    1,
+                )
+                .to_device(tch::Device::Cpu);
+                let host = Vec::<f64>::try_from(host.view([-1]))
+                    .map_err(|e| ModelError::Request(format!("reading sampled tokens: {e}")))?;
+                for row in 0..prompts.len() {
+                    if done[row] {
+                        continue;
+                    }
+                    let r = &host[row * 4..row * 4 + 4];
+                    if r[3] == 0.0 {
+                        return Err(ModelError::NonFinite { row, step });
+                    }
+                    let t = r[0] as i64;
+                    let g = &mut out[row];
+                    g.tokens.push(t);
+                    g.logprobs.push(r[1] as f32);
+                    g.entropies.push(r[2] as f32);
+                    if stop_ids.contains(&t) {
+                        g.finish_reason = FinishReason::Stop;
+                        done[row] = true;
+                    } else if let (Some(tk), false) = (tokenizer, p.stop_strings.is_empty()) {
+                        let tail = &g.tokens[g.tokens.len().saturating_sub(max_stop_chars + 8)..];
+                        let text = tk.decode(tail, false)?;
+                        if p.stop_strings.iter().any(|s| text.contains(s.as_str())) {
+                            g.finish_reason = FinishReason::Stop;
+                            done[row] = true;
+                        }
+                    }
+                }
+                if done.iter().all(|&d| d) || step + 1 == p.max_new_tokens {
+                    break;
+                }
+                let step_ids = tok.unsqueeze(-1);
+                let mask = if padded {
+                    let s = cache.len() + 1;
+                    let fresh = Tensor::zeros([b, 1, 1, s - plen], (model.kind(), dev));
+                    AttnMask::Bias(Tensor::cat(&[&pad_bias, &fresh], -1))
+                } else {
+                    AttnMask::Full
+                };
+                let h = model.hidden(&step_ids, &next_pos, &mask, Some(&mut cache));
+                logits = model.logits(&h.squeeze_dim(1));
+                next_pos += 1;
+            }
+            Ok(())
+        })?;
+
+        if let Some(tk) = tokenizer {
+            for g in &mut out {
+                let mut text = tk.decode(&g.tokens, true)?;
+                if let Some(cut) = p
+                    .stop_strings
+                    .iter()
+                    .filter_map(|s| text.find(s.as_str()))
+                    .min()
+                {
+                    text.truncate(cut);
+                }
+                g.text = Some(text);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Prompts of several lengths (so the static batch pads) and one seed per row.
+    fn ragged_prompts(n: usize, vocab: i64) -> (Vec<Vec<i64>>, Vec<u64>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let prompts = (0..n)
+            .map(|i| {
+                (0..2 + (i * 3) % 7)
+                    .map(|_| rng.random_range(1..vocab))
+                    .collect()
+            })
+            .collect();
+        (prompts, (0..n as u64).map(|i| 100 + i).collect())
+    }
+
+    /// A stop token that ends some rows early: the third token of row 0's free generation.
+    fn stop_params(
+        m: &DecoderLm,
+        prompts: &[Vec<i64>],
+        seeds: &[u64],
+        p: &SamplingParams,
+    ) -> SamplingParams {
+        let free = generate_before(m, None, prompts, seeds, p).unwrap();
+        SamplingParams {
+            stop_token_ids: vec![free[0].tokens[2]],
+            ..p.clone()
+        }
+    }
+
+    #[test]
+    fn static_batch_equals_the_loop_before_issue_17_for_any_read_interval() {
+        for (arch, seed) in [(Arch::Qwen2, 31), (Arch::Qwen3, 32), (Arch::Llama, 33)] {
+            let m = tiny_model(arch, seed);
+            let (prompts, seeds) = ragged_prompts(5, m.cfg.vocab_size);
+            for t in [0.0, 1.0] {
+                let p = stop_params(&m, &prompts, &seeds, &params(t));
+                let before = generate_before(&m, None, &prompts, &seeds, &p).unwrap();
+                assert!(before.iter().any(|g| g.finish_reason == FinishReason::Stop));
+                assert!(before
+                    .iter()
+                    .any(|g| g.finish_reason == FinishReason::Length));
+                for every in [1, 3, 16] {
+                    let now = generate_static(&m, None, &prompts, &seeds, &p, every).unwrap();
+                    assert_eq!(
+                        now, before,
+                        "{arch:?} temperature {t}, reads every {every} steps"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn continuous_batching_gives_every_row_its_static_batch_tokens() {
+        for (arch, seed) in [(Arch::Qwen2, 41), (Arch::Llama, 43)] {
+            let m = tiny_model(arch, seed);
+            let (prompts, seeds) = ragged_prompts(7, m.cfg.vocab_size);
+            for t in [0.0, 1.0] {
+                let p = stop_params(&m, &prompts, &seeds, &params(t));
+                let batch = generate(&m, None, &prompts, &seeds, &p).unwrap();
+                let lens: Vec<usize> = batch.iter().map(|g| g.tokens.len()).collect();
+                assert!(
+                    lens.iter().min() < lens.iter().max(),
+                    "rows should finish at different steps: {lens:?}"
+                );
+                for (slots, every) in [(1, 1), (2, 1), (3, 4), (0, 16)] {
+                    let cont = continuous(&m, None, &prompts, &seeds, &p, slots, every).unwrap();
+                    for (row, (c, b)) in cont.iter().zip(&batch).enumerate() {
+                        let at = format!("{arch:?} T={t} slots {slots} every {every} row {row}");
+                        assert_eq!(c.tokens, b.tokens, "{at}");
+                        assert_eq!(c.finish_reason, b.finish_reason, "{at}");
+                        for (x, y) in c
+                            .logprobs
+                            .iter()
+                            .zip(&b.logprobs)
+                            .chain(c.entropies.iter().zip(&b.entropies))
+                        {
+                            assert!((x - y).abs() < 1e-4, "{at}: {x} vs {y}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn continuous_batching_checks_requests_like_the_static_batch() {
+        let m = tiny_model(Arch::Qwen3, 44);
+        let e =
+            generate_continuous(&m, None, &[vec![1i64; 500]], &[0], &SamplingParams { max_new_tokens: 20, ..params(1.0) }, 2).unwrap_err();
+        assert!(
+            matches!(e, ModelError::ContextOverflow { row: 0, .. }),
+            "{e}"
+        );
+        let none = generate_continuous(
+            &m,
+            None,
+            &[vec![1, 2]],
+            &[0],
+            &SamplingParams {
+                max_new_tokens: 0,
+                ..params(1.0)
+            },
+            2,
+        )
+        .unwrap();
+        assert_eq!(none[0].tokens, Vec::<i64>::new());
+    }
 
     fn params(t: f64) -> SamplingParams {
         SamplingParams {

@@ -380,6 +380,7 @@ impl GgufFile {
             })?;
         let v = dequantize(info.ggml_type, data, n).expect("type and length checked");
         let shape: Vec<i64> = info.dims.iter().rev().map(|&d| d as i64).collect();
+        // host: `weights::assign` copies it into the variable, on the model's device.
         Ok(Tensor::from_slice(&v).view(shape.as_slice()))
     }
 

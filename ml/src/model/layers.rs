@@ -144,12 +144,29 @@ pub struct LayerKv {
     k: Tensor,
     v: Tensor,
     len: i64,
+    /// Per-row write columns (continuous batching): see [`KvCache::write_rows_at`].
+    rows_at: Option<RowsAt>,
+}
+
+/// Where each row writes its one new token, and how many columns the attention reads.
+#[derive(Debug)]
+struct RowsAt {
+    /// `[B, n_kv, 1, hd]` column index of every row (on the cache's device).
+    index: Tensor,
+    /// Columns read by the attention (the largest column written + 1).
+    read: i64,
 }
 
 impl LayerKv {
     /// Appends `[B, n_kv, L, hd]` keys/values (growing the buffers if needed) and returns views
-    /// of everything cached so far.
+    /// of everything cached so far. With per-row columns set, writes each row's single new
+    /// token at its own column instead (in place, no copy of the cache).
     fn append(&mut self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        if let Some(at) = &self.rows_at {
+            let _ = self.k.scatter_(2, &at.index, k);
+            let _ = self.v.scatter_(2, &at.index, v);
+            return (self.k.narrow(2, 0, at.read), self.v.narrow(2, 0, at.read));
+        }
         let l = k.size()[2];
         let cap = self.k.size()[2];
         if self.len + l > cap {
@@ -200,6 +217,7 @@ impl KvCache {
                 k: Tensor::zeros(shape, (kind, device)),
                 v: Tensor::zeros(shape, (kind, device)),
                 len: 0,
+                rows_at: None,
             })
             .collect();
         KvCache { layers }
@@ -221,6 +239,41 @@ impl KvCache {
         }
     }
 
+    /// An empty cache for row `row` alone that writes into this cache's buffers (a view, not a
+    /// copy): a prompt prefilled through it lands in that row's slot, from column 0.
+    pub fn row_view(&self, row: i64) -> KvCache {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| LayerKv {
+                k: l.k.narrow(0, row, 1),
+                v: l.v.narrow(0, row, 1),
+                len: 0,
+                rows_at: None,
+            })
+            .collect();
+        KvCache { layers }
+    }
+
+    /// Makes the next forward (one new token per row) write row `b`'s keys and values at
+    /// column `columns[b]` (`[B]` int64, on the cache's device) and attend over the first
+    /// `read` columns, so rows of different lengths share one batch without padding between
+    /// prompt and completion (continuous batching). The caller masks each row's unused columns.
+    pub fn write_rows_at(&mut self, columns: &Tensor, read: i64) {
+        for l in &mut self.layers {
+            let s = l.k.size();
+            let index = columns
+                .view([s[0], 1, 1, 1])
+                .expand([s[0], s[1], 1, s[3]], false);
+            l.rows_at = Some(RowsAt { index, read });
+        }
+    }
+
+    /// Columns per row the buffers hold.
+    pub fn capacity(&self) -> i64 {
+        self.layers.first().map_or(0, |l| l.k.size()[2])
+    }
+
     /// Rows in the cache.
     pub fn batch(&self) -> i64 {
         self.layers.first().map_or(0, |l| l.k.size()[0])
@@ -240,7 +293,7 @@ impl KvCache {
                         lens.iter().enumerate().map(|(b, &n)| t.narrow(0, b as i64, 1).narrow(2, 0, n)).collect();
                     Tensor::cat(&parts, 2)
                 };
-                LayerKv { k: cat(&l.k), v: cat(&l.v), len: total }
+                LayerKv { k: cat(&l.k), v: cat(&l.v), len: total, rows_at: None }
             })
             .collect();
         KvCache { layers }
@@ -270,6 +323,7 @@ impl KvCache {
                     k: take(&l.k),
                     v: take(&l.v),
                     len: l.len,
+                    rows_at: None,
                 }
             })
             .collect();

@@ -28,7 +28,7 @@ use tch::{Device, Kind};
 pub use config::{Arch, ModelConfig};
 pub use decoder::DecoderLm;
 pub use error::{ModelError, Result};
-pub use generate::{generate, FinishReason, Generation, SamplingParams};
+pub use generate::{generate, generate_continuous, FinishReason, Generation, SamplingParams};
 pub use layers::KvCache;
 pub use score::{
     embedding_grad_l1, logprob, score_cuts, score_cuts_many, score_cuts_naive, score_cuts_reusing, CutRequest, PrefixReuse,
@@ -44,6 +44,16 @@ pub enum DeviceChoice {
     Auto,
     Cpu,
     Cuda,
+}
+
+impl DeviceChoice {
+    /// The choice that loads onto `device` (CUDA means device 0, the only one `Cuda` names).
+    pub fn of(device: Device) -> DeviceChoice {
+        match device {
+            Device::Cpu => DeviceChoice::Cpu,
+            _ => DeviceChoice::Cuda,
+        }
+    }
 }
 
 /// Parameter dtype. `Auto` = bfloat16 on CUDA, float32 on CPU.

@@ -57,6 +57,7 @@ fn to_tensor(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Tensor> {
         }
     };
     let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+    // host: `assign` copies it into the variable, on the model's device.
     Ok(Tensor::from_data_size(view.data(), &shape, kind).to_kind(Kind::Float))
 }
 

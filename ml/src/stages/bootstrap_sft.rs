@@ -147,7 +147,11 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         bail!("bootstrap_sft: steps and batch_size must be positive");
     }
     tch::manual_seed(seed as i64);
-    let device = Device::cuda_if_available();
+    let opts = super::load_options(ctx)?;
+    let device = opts.device()?;
+    if opts.kind(device) != Kind::Float {
+        bail!("bootstrap_sft: dtype must be f32 (or auto on the CPU): the model trains in float32");
+    }
 
     let tok_dir = ctx.input("tokenizer")?.to_path_buf();
     let tok = Tokenizer::from_file(&tok_dir.join("tokenizer.json"), ChatTemplate::Qwen, vec![])?;
@@ -173,7 +177,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
 
     let cfg = qwen2_config(&shape, &tok)?;
-    let model = DecoderLm::new(&cfg, device);
+    // host: initialised from the CPU generator, then moved, so the same seed gives the same
+    // initial weights on every device (CUDA has its own generator).
+    let mut model = DecoderLm::new(&cfg, Device::Cpu);
+    model.to_device(device);
     let mut opt = nn::AdamW { wd: weight_decay, ..Default::default() }.build(&model.vs, lr)?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = Vec::new();

@@ -52,14 +52,19 @@ fn set_threads(ctx: &StageContext) -> Result<()> {
     Ok(())
 }
 
-/// Loads the checkpoint wired to input `name` with the stage's `device`/`dtype` params; it must
-/// carry its tokenizer.
-fn load_policy(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)> {
-    let opts: LoadOptions = serde_json::from_value(serde_json::json!({
+/// The stage's `device`/`dtype` params.
+fn load_options(ctx: &StageContext) -> Result<LoadOptions> {
+    serde_json::from_value(serde_json::json!({
         "device": ctx.param::<String>("device")?,
         "dtype": ctx.param::<String>("dtype")?,
     }))
-    .with_context(|| format!("stage `{}`: params device/dtype", ctx.instance))?;
+    .with_context(|| format!("stage `{}`: params device/dtype", ctx.instance))
+}
+
+/// Loads the checkpoint wired to input `name` with the stage's `device`/`dtype` params; it must
+/// carry its tokenizer.
+fn load_policy(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)> {
+    let opts = load_options(ctx)?;
     let path = ctx.input(name)?;
     let loaded = model::load(path, &opts).with_context(|| format!("loading input `{name}` ({})", path.display()))?;
     let tok = loaded

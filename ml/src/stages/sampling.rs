@@ -108,7 +108,8 @@ pub fn sample_jobs(
     sample_seeded(ctx, model, tok, &rows, batch_size, sampling, label, |i| format!("prompt {}", jobs[i].row.id))
 }
 
-/// Samples `rows` = (prompt ids, row seed) in batches of `batch_size` rows, in order, and returns
+/// Samples `rows` = (prompt ids, row seed) in batches of `batch_size` rows, in order (or, with the
+/// stage param `continuous_batching`, in `batch_size` slots refilled as rows finish), and returns
 /// one generation per row (`name(i)` names row i in errors). Counts `tokens_generated` and
 /// `rows_max_new_tokens_clamped`, sets the `decode_tok_s` metric and shows a progress bar.
 #[allow(clippy::too_many_arguments)]
@@ -130,7 +131,25 @@ pub fn sample_seeded(
     let (mut generated, mut clamped) = (0i64, 0i64);
     let t0 = Instant::now();
     let mut progress = ctx.progress(rows.len() as u64, label);
-    for chunk in rows.chunks(batch_size) {
+    if ctx.param::<bool>("continuous_batching")? {
+        // One request, `batch_size` slots: a finished row's slot takes the next row. The
+        // context clamp then applies to the whole request (its longest prompt).
+        let longest = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        let mut p = sampling.clone();
+        if longest + p.max_new_tokens > context {
+            p.max_new_tokens = context.saturating_sub(longest);
+            clamped = rows.len() as i64;
+        }
+        let prompts: Vec<Vec<i64>> = rows.iter().map(|r| r.0.to_vec()).collect();
+        let seeds: Vec<u64> = rows.iter().map(|r| r.1).collect();
+        let gens = tch::no_grad(|| model::generate_continuous(model, Some(tok), &prompts, &seeds, &p, batch_size))
+            .with_context(|| format!("sampling {} .. {}", name(0), name(rows.len().saturating_sub(1))))?;
+        generated = gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
+        out = gens;
+        progress.set(out.len() as u64, label);
+    }
+    let static_batches = if out.is_empty() { rows.chunks(batch_size) } else { rows[..0].chunks(batch_size) };
+    for chunk in static_batches {
         let longest = chunk.iter().map(|r| r.0.len()).max().unwrap_or(0);
         // Never sample past the context window: shorten this batch's budget and count it.
         let mut p = sampling.clone();

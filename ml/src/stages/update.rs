@@ -28,7 +28,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use super::{encode_prompt, load_policy, set_threads};
-use crate::model::{self, DecoderLm, LoadOptions};
+use crate::model::{self, DecoderLm, DeviceChoice, LoadOptions};
 use crate::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
 use crate::train::loss::{check_credit_with_is, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
 use crate::train::lr_at;
@@ -274,7 +274,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
 
     let reference = if loss_cfg.beta > 0.0 {
         let path = ctx.input("reference")?;
-        Some(model::load(path, &LoadOptions { device: Default::default(), dtype: model::DtypeChoice::F32 }).with_context(|| format!("loading the reference policy {}", path.display()))?.model)
+        // On the policy's device (not `auto`: device = "cpu" on a CUDA host put it on the GPU).
+        let opts = LoadOptions { device: DeviceChoice::of(device), dtype: model::DtypeChoice::F32 };
+        Some(model::load(path, &opts).with_context(|| format!("loading the reference policy {}", path.display()))?.model)
     } else {
         None
     };
@@ -290,7 +292,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         v
     };
     let opt_dir = ctx.input("optimizer")?.to_path_buf();
-    let mut opt = AdamW::load_or_new(&opt_dir, adam)?;
+    let mut opt = AdamW::load_or_new(&opt_dir, adam, device)?;
 
     // Old log-probs (π_old = the policy before this update) are only needed when the policy moves
     // within the update; with one step, π_old = π detached (ratio 1), as in TRL.

@@ -4,13 +4,16 @@
 //!
 //! State directory: `moments.safetensors` (`m.<param>`, `v.<param>`) and `adamw.json`
 //! (hyper-parameters and the step count).
+//!
+//! Device discipline: the moments live on the parameters' device (restored ones are moved there
+//! on load) and are float32 whatever the parameter dtype, so a bfloat16 model keeps exact moments.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AdamWConfig {
@@ -42,8 +45,9 @@ impl AdamW {
         AdamW { cfg, t: 0, m: BTreeMap::new(), v: BTreeMap::new() }
     }
 
-    /// Restores the state saved in `dir`, or starts fresh when `dir` holds none (the first step).
-    pub fn load_or_new(dir: &Path, cfg: AdamWConfig) -> Result<AdamW> {
+    /// Restores the state saved in `dir` onto `device` (the parameters' device), or starts fresh
+    /// when `dir` holds none (the first step).
+    pub fn load_or_new(dir: &Path, cfg: AdamWConfig, device: Device) -> Result<AdamW> {
         let state = dir.join(STATE);
         if !state.exists() {
             return Ok(AdamW::new(cfg));
@@ -53,7 +57,12 @@ impl AdamW {
         let mut opt = AdamW::new(cfg);
         opt.t = s.t;
         let moments = dir.join(MOMENTS);
-        for (name, t) in Tensor::read_safetensors(&moments).with_context(|| moments.display().to_string())? {
+        // read_safetensors reads onto the CPU: without the move the second step on CUDA crashed.
+        let restored = Tensor::read_safetensors(&moments)
+            .with_context(|| moments.display().to_string())?
+            .into_iter()
+            .map(|(name, t)| (name, t.to_device(device).to_kind(Kind::Float)));
+        for (name, t) in restored {
             if let Some(p) = name.strip_prefix("m.") {
                 opt.m.insert(p.to_string(), t);
             } else if let Some(p) = name.strip_prefix("v.") {
@@ -89,17 +98,26 @@ impl AdamW {
                 if !g.defined() {
                     continue;
                 }
-                let m = self.m.entry(name.clone()).or_insert_with(|| p.zeros_like());
-                let v = self.v.entry(name.clone()).or_insert_with(|| p.zeros_like());
+                let fresh = || Tensor::zeros(p.size(), (Kind::Float, p.device()));
+                let m = self.m.entry(name.clone()).or_insert_with(fresh);
+                let v = self.v.entry(name.clone()).or_insert_with(fresh);
                 if m.size() != p.size() {
                     bail!("optimizer state for `{name}` has shape {:?}, the parameter {:?} (another model?)", m.size(), p.size());
                 }
+                if m.device() != p.device() || v.device() != p.device() {
+                    bail!(
+                        "optimizer state for `{name}` is on {:?}, the parameter on {:?}",
+                        m.device(),
+                        p.device()
+                    );
+                }
+                let g = g.to_kind(Kind::Float);
                 let mut p = p.shallow_clone();
                 let _ = p.g_mul_scalar_(1.0 - lr * c.weight_decay);
                 let _ = m.g_mul_scalar_(c.beta1).g_add_(&(&g * (1.0 - c.beta1)));
                 let _ = v.g_mul_scalar_(c.beta2).g_add_(&(&g * &g * (1.0 - c.beta2)));
                 let denom = (&*v / bc2).sqrt() + c.eps;
-                let _ = p.g_sub_(&((&*m / bc1) / denom * lr));
+                let _ = p.g_sub_(&((&*m / bc1) / denom * lr).to_kind(p.kind()));
             }
             Ok(())
         })
@@ -160,7 +178,7 @@ mod tests {
             for s in 0..steps {
                 if s == steps / 2 {
                     opt.save(dir).unwrap();
-                    opt = AdamW::load_or_new(dir, cfg()).unwrap();
+                    opt = AdamW::load_or_new(dir, cfg(), Device::Cpu).unwrap();
                 }
                 p.zero_grad();
                 (&p - &target).square().sum(Kind::Float).backward();
@@ -181,6 +199,29 @@ mod tests {
         }
         let diff = (ours - p.detach()).abs().max().double_value(&[]);
         assert!(diff < 1e-6, "AdamW differs from torch by {diff}");
+    }
+
+    /// Moments are float32 on the parameter's device, also for a bfloat16 parameter and after
+    /// a restore (on CUDA the restored moments were left on the CPU: issue 17's step-2 crash;
+    /// `tests/gpu.rs` runs this on a GPU).
+    #[test]
+    fn restored_moments_are_f32_on_the_given_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Tensor::ones([4], (Kind::BFloat16, Device::Cpu)).set_requires_grad(true);
+        let params = vec![("w".to_string(), p.shallow_clone())];
+        let mut opt = AdamW::new(cfg());
+        (&p * 3.0).sum(Kind::Float).backward();
+        opt.step(&params, 0.1).unwrap();
+        assert_eq!(opt.m["w"].kind(), Kind::Float);
+        assert_eq!(p.kind(), Kind::BFloat16);
+        assert!(p.double_value(&[0]) < 1.0, "the parameter moved");
+        opt.save(dir.path()).unwrap();
+        let back = AdamW::load_or_new(dir.path(), cfg(), Device::Cpu).unwrap();
+        assert_eq!(back.t, 1);
+        for t in [&back.m["w"], &back.v["w"]] {
+            assert_eq!((t.kind(), t.device()), (Kind::Float, Device::Cpu));
+        }
+        assert!(back.v["w"].equal(&opt.v["w"]));
     }
 
     #[test]

@@ -1,0 +1,30 @@
+"""Baseline half of bench/gpu.sh: transformers `generate` (sdpa, bfloat16, CUDA) on the checkpoint
+bench_gpu saved, the same 64-token prompt, 128 new tokens sampled at T = 1, batch 1, 64 and 256.
+
+usage: gpu_transformers.py MODEL_DIR PROMPT_IDS_JSON OUT_JSON
+"""
+import json
+import sys
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+model_dir, ids_json, out = sys.argv[1], sys.argv[2], sys.argv[3]
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+model.generation_config.eos_token_id = None
+model.generation_config.pad_token_id = 0
+prompt = json.load(open(ids_json))
+res = {"gpu": torch.cuda.get_device_name(0)}
+with torch.no_grad():
+    for b in (1, 64, 256):
+        ids = torch.tensor([prompt] * b, device="cuda")
+        kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
+        model.generate(ids, max_new_tokens=4, **kw)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        g = model.generate(ids, max_new_tokens=128, min_new_tokens=128, **kw)
+        torch.cuda.synchronize()
+        res[f"transformers_decode_tok_s_b{b}"] = (g.shape[1] - len(prompt)) * b / (time.perf_counter() - t)
+json.dump(res, open(out, "w"))
+print(json.dumps(res))

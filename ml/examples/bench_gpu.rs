@@ -1,0 +1,112 @@
+//! Our half of bench/gpu.sh (issue 17): decode tokens/s of a DeepSeek-R1-Distill-Qwen-1.5B-shaped
+//! model (Qwen2, hidden 1536, 28 layers, 12 q / 2 kv heads, vocab 151936, random weights) on CUDA
+//! in bfloat16, 64-token prompt, 128 new tokens sampled at T = 1, batch 1, 64 and 256; and σ
+//! (40 cuts of a 1,000-token trace) scored in bf16 against f32. Saves the model as a Hugging Face
+//! checkpoint so transformers (bench/gpu_transformers.py) decodes the same weights.
+//!
+//! usage: bench_gpu OUT_DIR  (writes OUT_DIR/ours.json and OUT_DIR/model/)
+
+use std::path::Path;
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use rredcot::credit::sigma;
+use rredcot_ml::model::{self, DecoderLm, ModelConfig, SamplingParams};
+use tch::{Device, Kind};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, out] = args.as_slice() else {
+        anyhow::bail!("usage: bench_gpu OUT_DIR")
+    };
+    let out = Path::new(out);
+    anyhow::ensure!(
+        tch::Cuda::is_available(),
+        "bench_gpu: libtorch sees no CUDA device"
+    );
+    let dev = Device::Cuda(0);
+    let json = serde_json::json!({
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "tie_word_embeddings": false, "bos_token_id": 151643, "eos_token_id": 151643,
+    });
+    let cfg = ModelConfig::from_json_str(&json.to_string(), Path::new("<bench_gpu>"))?;
+    tch::manual_seed(0);
+    let mut m = DecoderLm::new(&cfg, dev);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let prompt: Vec<i64> = (0..64)
+        .map(|_| rng.random_range(0..cfg.vocab_size))
+        .collect();
+
+    // σ's inputs (R and v log-probabilities) in bf16 against f32 on a 1,000-token trace.
+    let trace: Vec<i64> = (0..1000)
+        .map(|_| rng.random_range(0..cfg.vocab_size))
+        .collect();
+    let cuts: Vec<usize> = (0..=40).map(|i| 64 + i * 23).collect();
+    let targets = vec![trace[990..998].to_vec(), trace[100..162].to_vec()];
+    let f32_scores = tch::no_grad(|| model::score_cuts(&m, &trace, &cuts, &targets))?;
+    m.set_kind(Kind::BFloat16);
+    let bf16_scores = tch::no_grad(|| model::score_cuts(&m, &trace, &cuts, &targets))?;
+    // σ (l1-normalized ΔR + Δv, as score_sigma's defaults) from each: out[cut][target].
+    let sigma = |s: &[Vec<f64>]| {
+        let (r, v): (Vec<f64>, Vec<f64>) = s.iter().map(|c| (c[0], c[1])).unzip();
+        sigma::normalize(
+            &sigma::unnormalized(&r, &v, sigma::Terms::Both),
+            sigma::Normalize::L1,
+        )
+        .0
+    };
+    let (s32, s16) = (sigma(&f32_scores), sigma(&bf16_scores));
+    let sigma_diff = s32
+        .iter()
+        .zip(&s16)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f64, f64::max);
+    let logprob_diff = f32_scores
+        .iter()
+        .flatten()
+        .zip(bf16_scores.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f64, f64::max);
+    model::save(&m, None, &out.join("model"))?;
+
+    let mut res = serde_json::Map::new();
+    res.insert("sigma_bf16_vs_f32_max_abs".into(), sigma_diff.into());
+    res.insert(
+        "score_logprob_bf16_vs_f32_max_abs".into(),
+        logprob_diff.into(),
+    );
+    let p = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 128,
+        ..Default::default()
+    };
+    for b in [1usize, 64, 256] {
+        let prompts = vec![prompt.clone(); b];
+        let seeds: Vec<u64> = (0..b as u64).collect();
+        tch::no_grad(|| {
+            model::generate(
+                &m,
+                None,
+                &prompts,
+                &seeds,
+                &SamplingParams {
+                    max_new_tokens: 4,
+                    ..p.clone()
+                },
+            )
+        })?;
+        tch::Cuda::synchronize(0);
+        let t = Instant::now();
+        let g = tch::no_grad(|| model::generate(&m, None, &prompts, &seeds, &p))?;
+        tch::Cuda::synchronize(0);
+        let n: usize = g.iter().map(|x| x.tokens.len()).sum();
+        let rate = n as f64 / t.elapsed().as_secs_f64();
+        eprintln!("ours b{b}: {rate:.0} tok/s");
+        res.insert(format!("decode_tok_s_b{b}"), rate.into());
+    }
+    std::fs::write(out.join("ours.json"), serde_json::to_string_pretty(&res)?)?;
+    std::fs::write(out.join("prompt.json"), serde_json::to_string(&prompt)?)?;
+    Ok(())
+}
