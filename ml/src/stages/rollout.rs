@@ -41,7 +41,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let rows: Vec<RolloutRow> = jobs
         .iter()
         .zip(gens)
-        .map(|(job, g)| {
+        .map(|(job, g)| -> Result<RolloutRow> {
             let text = g.text.clone().unwrap_or_default();
             let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text).with_context(|| format!("prompt {} sample {}", job.row.id, job.sample_idx))?;
             let verdict = a.verdict;

@@ -152,7 +152,7 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
         format!("{} exit {} completion {}", traces[e.trace].at, e.t, r % k)
     };
     let t0 = std::time::Instant::now();
-    let gens = sample_seeded(ctx, &model, &tok, &rows, batch, &sampling, "mc", name)?;
+    let gens = sample_seeded(ctx, &model, &tok, &rows, batch, &sampling, "mc", &name)?;
     let forward_tokens: usize = rows.iter().zip(&gens).map(|(r, g)| r.0.len() + g.tokens.len()).sum();
 
     // Verify every completion; outcomes per exit point (lost ones left out under `drop`).
