@@ -45,7 +45,10 @@ pub fn answer_line_start(text: &str, extracted: &str) -> Option<usize> {
     let c = crate::math::extract::candidates(text)
         .into_iter()
         .find(|c| c.text == extracted)?;
-    Some(text[..c.start].rfind('\n').map_or(0, |i| i + 1))
+    // The line holding the match's last byte: a `\boxed{}` candidate's span may start earlier.
+    let last = c.end.saturating_sub(1).max(c.start).min(text.len());
+    let last = (0..=last).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    Some(text[..last].rfind('\n').map_or(0, |i| i + 1))
 }
 
 /// The chain of thought of a reference solution u* written as `<think>…</think>answer`: the text
