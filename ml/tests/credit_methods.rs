@@ -100,11 +100,14 @@ impl Run {
         self.rollouts.iter().find(|r| r.prompt_id == s.prompt_id && r.sample_idx == s.sample_idx).unwrap()
     }
 
-    /// (prompt ids, completion ids without a trailing stop token, y* ids) of trace i, built here.
+    /// (prompt ids, chain-of-thought ids (the completion up to `cot_end`) without a trailing stop
+    /// token, y* ids) of trace i, built here.
     fn ids(&self, i: usize) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
         let tok = self.model.tokenizer.as_ref().unwrap();
         let prompt = self.prompts.iter().find(|p| p.id == self.segments[i].prompt_id).unwrap();
-        let mut comp: Vec<i64> = self.rollout(i).completion_ids.iter().map(|&t| t as i64).collect();
+        let r = self.rollout(i);
+        let cot = r.cot_end.map_or(r.completion_ids.len(), |c| c as usize);
+        let mut comp: Vec<i64> = r.completion_ids[..cot].iter().map(|&t| t as i64).collect();
         if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
             comp.pop();
         }
@@ -117,6 +120,12 @@ impl Run {
         let s = &self.segments[i];
         s.seg_starts.iter().zip(&s.seg_ends).map(|(&a, &b)| ((a as usize).min(n), (b as usize).min(n))).collect()
     }
+}
+
+/// The verifier on what follows the first `</think>` of `response` (special tokens kept), as a
+/// thinking model's answer is judged; no end of thinking, no answer.
+fn thinking_verdict(gold: &str, response: &str) -> bool {
+    response.split_once("</think>").is_some_and(|(_, answer)| rredcot::math::verify_response(gold, &answer.replace("<|im_end|>", "")).correct)
 }
 
 /// σ as `l1` normalization of `unnorm`, computed here.
@@ -169,9 +178,9 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
             assert_eq!(mine.iter().map(|c| c.k).collect::<Vec<_>>(), (0..k as i32).collect::<Vec<_>>());
             // The verdicts re-derived from the prefix text and the stored continuation.
             let upto = if t == 0 { 0 } else { bounds[t - 1].1 };
-            let prefix = tok.decode(&comp[..upto], true).unwrap();
+            let prefix = tok.decode(&comp[..upto], false).unwrap();
             for c in &mine {
-                assert_eq!(c.correct, rredcot::math::verify_response(run.gold(i), &format!("{prefix}{}", c.text)).correct);
+                assert_eq!(c.correct, thinking_verdict(run.gold(i), &format!("{prefix}{}", c.text)), "{prefix}{}", c.text);
             }
             let value = mine.iter().filter(|c| c.correct).count() as f64 / k as f64;
             assert_eq!(row.r[t], value, "trace {i} exit {t}");
@@ -221,8 +230,8 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
             let upto = if t == 0 { 0 } else { bounds[t - 1].1 };
             let ids: Vec<i64> = prompt.iter().chain(&comp[..upto]).copied().collect();
             let g = generate(&run.model.model, Some(tok), &[ids], &[7], &p).unwrap().remove(0);
-            let response = format!("{}{}", tok.decode(&comp[..upto], true).unwrap(), g.text.unwrap());
-            let want = rredcot::math::verify_response(run.gold(i), &response).correct as u8 as f64;
+            let response = format!("{}{}", tok.decode(&comp[..upto], false).unwrap(), tok.decode(&g.tokens, false).unwrap());
+            let want = thinking_verdict(run.gold(i), &response) as u8 as f64;
             assert_eq!(row.r[t], want, "trace {i} exit {t}: greedy value");
             seen[want as usize] += 1;
         }

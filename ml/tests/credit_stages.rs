@@ -63,14 +63,26 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     let tokens: i64 = rollouts.iter().map(|r| r.completion_ids.len() as i64).sum();
     assert_eq!(roll_rec["counters"]["tokens_generated"].as_i64(), Some(tokens));
     let prompts: Vec<PromptRow> = read_rows(&output(&store, &first, "taskgen", "eval"), Schema::Prompts).unwrap();
+    let tok_world = tokenizers::Tokenizer::from_file(output(&store, &first, "sft", "model").join("tokenizer.json")).unwrap();
+    assert_eq!(tok_world.token_to_id("</think>"), Some(4));
     for r in &rollouts {
         assert_eq!(r.policy_ckpt, policy_hash);
         assert_eq!(r.logprobs.len(), r.completion_ids.len());
         assert_eq!(r.entropies.len(), r.completion_ids.len());
         assert!(r.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
         let gold = prompts.iter().find(|p| p.id == r.prompt_id).unwrap().answer.clone().unwrap();
-        assert_eq!(r.reward == 1.0, rredcot::math::verify_response(&gold, &r.text).correct);
+        // The default world thinks: cot_end follows the first `</think>` (the tokenizer's id 4), the
+        // reward is the verifier on the text after it, and a completion without one has none.
+        let think_end = r.completion_ids.iter().position(|&t| t == 4);
+        assert_eq!(r.cot_end, think_end.map(|i| i as i32 + 1), "cot_end of {:?}", r.completion_ids);
+        let answer = think_end.map(|i| {
+            let tail: Vec<u32> = r.completion_ids[i + 1..].iter().map(|&t| t as u32).collect();
+            tok_world.decode(&tail, true).unwrap()
+        });
+        assert_eq!(r.reward == 1.0, answer.is_some_and(|a| rredcot::math::verify_response(&gold, &a).correct));
+        assert!(think_end.is_some() || r.answer_extracted.is_none());
     }
+    assert_eq!(roll_rec["counters"]["thinking_unclosed"].as_i64(), Some(rollouts.iter().filter(|r| r.cot_end.is_none()).count() as i64));
 
     // Segments tile each completion; σ is a distribution with one value per segment.
     let segs: Vec<SegmentRow> = read_rows(&output(&store, &first, "segment", "segments"), Schema::Segments).unwrap();
@@ -79,7 +91,9 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     for (s, r) in segs.iter().zip(&rollouts) {
         assert_eq!((s.prompt_id.as_str(), s.sample_idx), (r.prompt_id.as_str(), r.sample_idx));
         assert_eq!(s.seg_starts[0], 0);
-        assert_eq!(*s.seg_ends.last().unwrap() as usize, r.completion_ids.len());
+        // Segments tile the chain of thought only (the whole completion when it never closed:
+        // on_unclosed = truncate).
+        assert_eq!(*s.seg_ends.last().unwrap() as usize, r.cot_len());
         assert!(s.seg_starts.iter().zip(&s.seg_ends).all(|(a, b)| a < b));
         assert!(s.seg_ends[..s.seg_ends.len() - 1] == s.seg_starts[1..]);
         assert!(s.seg_ends.len() <= 40);
@@ -98,7 +112,7 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     let (r0, s0) = (&rollouts[0], &segs[0]);
     let prompt = prompts.iter().find(|p| p.id == r0.prompt_id).unwrap();
     let pids = rredcot_ml::stages::encode_prompt(tok, prompt).unwrap();
-    let mut comp: Vec<i64> = r0.completion_ids.iter().map(|&t| t as i64).collect();
+    let mut comp: Vec<i64> = r0.completion_ids[..r0.cot_len()].iter().map(|&t| t as i64).collect();
     if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
         comp.pop();
     }

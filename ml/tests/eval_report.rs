@@ -129,7 +129,11 @@ fn quickstart_evaluates_reports_and_exports() {
         assert_eq!((r.prompt_id.as_str(), r.sample_idx as usize, r.benchmark.as_str()), (p.id.as_str(), i % 2, "taskgen"));
         assert_eq!(r.reference, p.answer);
         assert!(!r.question.is_empty() && p.prompt.contains(r.question.trim()), "{:?}", r.question);
-        let v = rredcot::math::verify_response(p.answer.as_deref().unwrap(), &r.text);
+        // The default world thinks: only the text after `</think>` is the answer.
+        let v = match r.text.split_once("</think>") {
+            Some((_, answer)) => rredcot::math::verify_response(p.answer.as_deref().unwrap(), answer),
+            None => rredcot::math::Verdict { extracted: None, correct: false },
+        };
         assert_eq!((r.correct_verifier, &r.answer), (v.correct, &v.extracted));
         assert_eq!(r.correct_judge, None);
     }

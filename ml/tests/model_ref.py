@@ -113,17 +113,40 @@ def logits(d, ids_json, out):
         model(ids).logits[0].float().numpy().astype("<f4").tofile(out)
 
 
-def tokenize(d, texts_json, out):
-    """Qwen's tokenizer as transformers loads it: plain encodings and chat-template encodings."""
+# DeepSeek-R1-Distill's special tokens, in the order the Rust test adds them to the Qwen3 vocabulary.
+R1_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"]
+
+
+def tokenize(d, texts_json, out, r1_template=None):
+    """Qwen's tokenizer as transformers loads it: plain encodings and chat-template encodings
+    (Qwen3's template in thinking mode, enable_thinking=True); with `r1_template` (a Jinja file),
+    also DeepSeek-R1-Distill's template rendered over the same vocabulary plus R1's special tokens."""
     tok = AutoTokenizer.from_pretrained(d)
     texts = json.load(open(texts_json))
     chats = [[{"role": "user", "content": t}] for t in texts] + [
         [{"role": "system", "content": "Reason step by step."}, {"role": "user", "content": texts[0]}]]
-    json.dump({
+    r = {
         "plain": [tok(t, add_special_tokens=False)["input_ids"] for t in texts],
-        "chat": [tok.apply_chat_template(c, tokenize=True, add_generation_prompt=True, return_dict=False) for c in chats],
+        "chat": [tok.apply_chat_template(c, tokenize=True, add_generation_prompt=True, enable_thinking=True,
+                                         return_dict=False) for c in chats],
+        "chat_text": [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+                      for c in chats],
         "chats": chats,
-    }, open(out, "w"))
+    }
+    if r1_template:
+        template = open(r1_template).read()
+        tok.add_tokens(R1_SPECIALS, special_tokens=True)
+        tok.bos_token = R1_SPECIALS[0]
+        r1_chats = chats + [[{"role": "system", "content": "S1"}, {"role": "system", "content": "S2"},
+                             {"role": "user", "content": "2+2?"},
+                             {"role": "assistant", "content": "<think>\n2+2=4\n</think>\n\nThe answer is 4."},
+                             {"role": "user", "content": "And 3+3?"}]]
+        r["r1_chats"] = r1_chats
+        r["r1_text"] = [tok.apply_chat_template(c, chat_template=template, tokenize=False, add_generation_prompt=True)
+                        for c in r1_chats]
+        r["r1"] = [tok(t, add_special_tokens=False)["input_ids"] for t in r["r1_text"]]
+        r["r1_special_ids"] = tok.convert_tokens_to_ids(R1_SPECIALS)
+    json.dump(r, open(out, "w"))
 
 
 def dequant(out):

@@ -71,7 +71,7 @@ fn progress_values_are_the_provers_and_reduce_to_grpo_without_progress_or_entrop
         let (p, r) = trace(&prompts, &rollouts, seg);
         assert_eq!(row.method, "progress");
         assert_eq!(row.r.len(), seg.seg_ends.len() + 1, "V_0..V_T");
-        let mut comp: Vec<i64> = r.completion_ids.iter().map(|&t| t as i64).collect();
+        let mut comp: Vec<i64> = r.completion_ids[..r.cot_len()].iter().map(|&t| t as i64).collect();
         if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
             comp.pop();
         }
@@ -155,7 +155,7 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
         let want: Vec<i64> = encode_prompt(tok, p).unwrap().into_iter().chain(prefix.iter().copied()).collect();
         assert_eq!(encode_prompt(tok, rp).unwrap(), want);
         // SRPO's step, recomputed: the most likely "first wrong step" answer (earliest on ties).
-        let mut comp: Vec<i64> = r.completion_ids.iter().map(|&x| x as i64).collect();
+        let mut comp: Vec<i64> = r.completion_ids[..r.cot_len()].iter().map(|&x| x as i64).collect();
         if comp.last().is_some_and(|x| tok.eos_ids.contains(x)) {
             comp.pop();
         }
@@ -182,9 +182,12 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
         // The continuations: k rows, rewards re-verified on prefix + continuation.
         let conts: Vec<&RolloutRow> = out_rollouts.iter().filter(|c| c.prompt_id == row.reset_id).collect();
         assert_eq!(conts.len(), k);
-        let prefix_text = tok.decode(&prefix, true).unwrap();
         for c in &conts {
-            let ok = rredcot::math::verify_response(p.answer.as_deref().unwrap(), &format!("{prefix_text}{}", c.text)).correct;
+            // Judged after the continuation's end of thinking (`</think>`), as a rollout is.
+            let ids: Vec<i64> = c.completion_ids.iter().map(|&x| x as i64).collect();
+            let closed = ids.iter().position(|&x| Some(x) == tok.think_end_id);
+            assert_eq!(c.cot_end, closed.map(|i| i as i32 + 1));
+            let ok = closed.is_some_and(|i| rredcot::math::verify_response(p.answer.as_deref().unwrap(), &tok.decode(&ids[i + 1..], true).unwrap()).correct);
             assert_eq!(c.reward, if ok { 1.0 } else { 0.0 });
             assert_eq!(c.entropies.len(), c.completion_ids.len());
         }

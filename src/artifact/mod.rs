@@ -106,6 +106,7 @@ impl Schema {
                 Field::new("reward", DataType::Float64, false),
                 s("finish_reason", false),
                 s("policy_ckpt", false),
+                Field::new("cot_end", DataType::Int32, true),
             ],
             Schema::Segments => vec![
                 s("prompt_id", false),

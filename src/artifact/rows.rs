@@ -28,6 +28,18 @@ pub struct RolloutRow {
     pub reward: f64,
     pub finish_reason: String,
     pub policy_ckpt: String,
+    /// Where the chain of thought ends in `completion_ids` (exclusive): the index after the
+    /// end-of-thinking token (`</think>`) of a thinking model, else the first token of the final
+    /// answer's line (the verifier's extraction). `None`: the thinking never closed (or no answer
+    /// line was found). Credit assignment covers `0..cot_end` only; see [`crate::credit::thinking`].
+    pub cot_end: Option<i32>,
+}
+
+impl RolloutRow {
+    /// Tokens of the chain of thought: `cot_end`, or the whole completion when it never closed.
+    pub fn cot_len(&self) -> usize {
+        self.cot_end.map_or(self.completion_ids.len(), |c| (c.max(0) as usize).min(self.completion_ids.len()))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,6 +98,7 @@ mod tests {
             reward: 1.0,
             finish_reason: "stop".into(),
             policy_ckpt: "abc".into(),
+            cot_end: if i % 3 == 0 { None } else { Some(2) },
         }
     }
 

@@ -5,4 +5,5 @@
 pub mod progress;
 pub mod segmentation;
 pub mod sigma;
+pub mod thinking;
 pub mod weights;

@@ -65,23 +65,29 @@ pub fn advantages(rewards: &[f64], groups: &[usize], scale: ScaleRewards, eps: f
 /// Per-token weights of one completion of `n` tokens.
 /// - `sigma = None`: uniform 1/n (GRPO).
 /// - `sigma = Some((σ, ends))`: σ_t / |u_t| for the tokens of segment t (`ends` exclusive,
-///   tiling 0..n), mixed with uniform by `mix` (1 = pure σ).
+///   tiling the chain of thought `0..c`, `c = ends.last() ≤ n`), scaled by c/n, mixed with
+///   uniform by `mix` (1 = pure σ). The answer tokens after the chain of thought (`c..n`) have no
+///   segment and keep GRPO's 1/n, so the weights still sum to 1 and c = n is the plain σ / |u_t|.
 pub fn token_weights(n: usize, sigma: Option<(&[f64], &[usize])>, mix: f64) -> Vec<f64> {
     let uniform = 1.0 / n.max(1) as f64;
     let Some((sig, ends)) = sigma else {
         return vec![uniform; n];
     };
     assert_eq!(sig.len(), ends.len(), "one σ per segment");
+    let cot = ends.last().copied().unwrap_or(0);
+    assert!(cot <= n, "segments end at {cot}, past the completion's {n} tokens");
+    let cot_mass = cot as f64 / n.max(1) as f64;
     let mut w = Vec::with_capacity(n);
     let mut start = 0;
     for (&s, &end) in sig.iter().zip(ends) {
         let len = end - start;
         for _ in 0..len {
-            w.push(mix * s / len as f64 + (1.0 - mix) * uniform);
+            w.push(mix * cot_mass * s / len as f64 + (1.0 - mix) * uniform);
         }
         start = end;
     }
-    assert_eq!(w.len(), n, "segments must tile the completion");
+    assert_eq!(w.len(), cot, "segments must tile the chain of thought");
+    w.resize(n, uniform);
     w
 }
 
@@ -118,5 +124,20 @@ mod tests {
         let sig = [0.3, 0.1, 0.6];
         assert_eq!(token_weights(10, Some((&sig, &ends)), 1.0).iter().map(|x| (x * 1e12).round()).collect::<Vec<_>>(),
                    token_weights(10, None, 1.0).iter().map(|x| (x * 1e12).round()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn answer_tokens_after_the_chain_of_thought_keep_the_grpo_weight() {
+        // Chain of thought 0..6 in two segments, then 4 answer tokens.
+        let (ends, sig) = ([2usize, 6], [0.75, 0.25]);
+        let w = token_weights(10, Some((&sig, &ends)), 1.0);
+        assert_eq!(w.len(), 10);
+        assert!(w[6..].iter().all(|&x| (x - 0.1).abs() < 1e-12), "{w:?}");
+        // The chain of thought keeps its uniform share 6/10, redistributed by σ.
+        assert!((w[0] - 0.75 * 0.6 / 2.0).abs() < 1e-12 && (w[5] - 0.25 * 0.6 / 4.0).abs() < 1e-12, "{w:?}");
+        for mix in [0.0, 0.5, 1.0] {
+            assert!((token_weights(10, Some((&sig, &ends)), mix).iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+        assert_eq!(token_weights(10, Some((&sig, &ends)), 0.0), token_weights(10, None, 0.0));
     }
 }

@@ -207,7 +207,7 @@ fn load_trace(ctx: &StageContext, label: &str) -> Result<Trace> {
         .iter()
         .find(|s| s.prompt_id == score.prompt_id && s.sample_idx == score.sample_idx)
         .with_context(|| format!("{}: not in {}", at(), input("segments").unwrap_or_default().display()))?;
-    let ends = crate::credit::segmentation::checked_ends(&seg.seg_starts, &seg.seg_ends, rollout.completion_ids.len())
+    let ends = crate::credit::segmentation::checked_ends(&seg.seg_starts, &seg.seg_ends, rollout.cot_len())
         .map_err(|m| anyhow::anyhow!("{}: {m}", at()))?;
     if ends.len() != score.sigma.len() {
         bail!("{}: {} segments but {} σ values", at(), ends.len(), score.sigma.len());

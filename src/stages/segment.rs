@@ -2,13 +2,18 @@
 //! method of [`crate::credit::segmentation`]. Token texts come from the wired tokenizer (the
 //! policy checkpoint's `tokenizer.json`); entropies from the rollout.
 //!
-//! `seg_starts[i]..seg_ends[i]` (end exclusive) index `completion_ids`; together they tile it.
+//! `seg_starts[i]..seg_ends[i]` (end exclusive) index `completion_ids`; together they tile the
+//! chain of thought `0..cot_end` ([`crate::credit::thinking`]): the tokens after it (the answer)
+//! get no segment. A rollout whose thinking never closed is handled by `on_unclosed`: `truncate`
+//! (segment the whole completion), `skip` (no row; named on stderr) or `error`; counted as
+//! `thinking_unclosed`.
 
 use anyhow::{bail, Context, Result};
 
 use crate::artifact::rows::{RolloutRow, SegmentRow};
 use crate::artifact::{read_rows, write_rows, Schema};
 use crate::credit::segmentation::{self, bounds, Method, Params};
+use crate::credit::thinking::OnUnclosed;
 use crate::engine::StageContext;
 
 /// What to do with a rollout that has no completion tokens.
@@ -42,11 +47,13 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         homogenize: ctx.param("homogenize")?,
     };
     let on_empty: OnEmpty = ctx.param("on_empty")?;
+    let on_unclosed: OnUnclosed = ctx.param("on_unclosed")?;
     let tok = super::tokenizer_train::load(ctx.input("tokenizer")?)?;
     let path = ctx.input("rollouts")?.to_path_buf();
     let rollouts: Vec<RolloutRow> = read_rows(&path, Schema::Rollouts)?;
     let mut out = Vec::with_capacity(rollouts.len());
     let (mut skipped, mut total_segments) = (0i64, 0i64);
+    let (mut unclosed, mut unclosed_skipped, mut after_cot) = (0i64, 0i64, 0i64);
     let mut progress = ctx.progress(rollouts.len() as u64, "segmenting");
     for (row_idx, r) in rollouts.iter().enumerate() {
         let at = || {
@@ -84,9 +91,26 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                 bail!("{}: entropy of token {i} is {}", at(), r.entropies[i]);
             }
         }
-        let texts = token_texts(&tok, &r.completion_ids).with_context(at)?;
-        let cuts = segmentation::segment(&texts, &r.entropies, &params);
-        let b = bounds(&cuts, n);
+        if let Some(c) = r.cot_end.filter(|&c| c < 1 || c as usize > n) {
+            bail!("{}: cot_end {c} is outside the completion's 1..={n} tokens", at());
+        }
+        if r.cot_end.is_none() {
+            unclosed += 1;
+            match on_unclosed {
+                OnUnclosed::Error => bail!("{}: the chain of thought never ends (no end-of-thinking token or answer line; set on_unclosed = \"truncate\" or \"skip\")", at()),
+                OnUnclosed::Skip => {
+                    eprintln!("segment: skipped {}: the chain of thought never ends (on_unclosed = \"skip\")", at());
+                    unclosed_skipped += 1;
+                    continue;
+                }
+                OnUnclosed::Truncate => {}
+            }
+        }
+        let cot = r.cot_len();
+        after_cot += (n - cot) as i64;
+        let texts = token_texts(&tok, &r.completion_ids[..cot]).with_context(at)?;
+        let cuts = segmentation::segment(&texts, &r.entropies[..cot], &params);
+        let b = bounds(&cuts, cot);
         total_segments += b.len() as i64;
         out.push(SegmentRow {
             prompt_id: r.prompt_id.clone(),
@@ -100,10 +124,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     progress.finish();
     ctx.count("traces_segmented", out.len() as i64);
     ctx.count("empty_completions_skipped", skipped);
-    ctx.metric(
-        "mean_segments",
-        total_segments as f64 / out.len().max(1) as f64,
-    );
+    ctx.count("thinking_unclosed", unclosed);
+    ctx.count("unclosed_skipped", unclosed_skipped);
+    ctx.count("tokens_after_cot", after_cot);
+    ctx.metric("mean_segments", total_segments as f64 / out.len().max(1) as f64);
     write_rows(ctx.output("segments")?, Schema::Segments, &out)?;
     Ok(())
 }

@@ -4,8 +4,10 @@
 //! - `chain`: "Start with 12. Add 5. Multiply by 3. What is the result?"
 //! - `word`: "Mia has 12 apples. Mia buys 5 more apples. … How many apples does Mia have now?"
 //!
-//! The reference solution u* states one operation per line with its intermediate result
-//! (`Add 5: 12 + 5 = 17`) and ends with `The answer is N.`; the reference answer y* is `N`. All
+//! The reference solution u* thinks like a reasoning model: `<think>`, one operation per line with
+//! its intermediate result (`Add 5: 12 + 5 = 17`), `</think>`, then `The answer is N.` on its own
+//! line (so the quickstart runs the same end-of-thinking path as R1-distill or Qwen3); the
+//! reference answer y* is `N`. All
 //! values stay positive integers (division only by exact divisors), bounded by `max_value`.
 //! Distractor sentences add numbers that do not enter the answer. The language is deliberately
 //! small and regular so a tiny model can learn it in minutes.
@@ -26,6 +28,7 @@ use serde_json::json;
 use super::prompt_text::{normalize, normalized_hash};
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{write_rows, Schema};
+use crate::credit::thinking::{THINK_CLOSE, THINK_OPEN};
 use crate::engine::StageContext;
 
 /// Difficulty knobs.
@@ -246,11 +249,10 @@ pub fn generate(rng: &mut ChaCha8Rng, k: &Knobs) -> Problem {
     } else {
         "What is the result?".to_string()
     });
-    lines.push(format!("The answer is {v}."));
     Problem {
         kind: if word { "word" } else { "chain" },
         text: sentences.join(" "),
-        solution: lines.join("\n"),
+        solution: format!("{THINK_OPEN}\n{}\n{THINK_CLOSE}\nThe answer is {v}.", lines.join("\n")),
         answer: v,
         ops,
         distractors: n_distractors,
@@ -443,14 +445,13 @@ mod tests {
         let (train, eval) = splits(3, &knobs(), 3000, 300).unwrap();
         for p in train.iter().chain(&eval) {
             assert_eq!(solve(&p.text), p.answer, "{}\n{}", p.text, p.solution);
-            let lines: Vec<&str> = p.solution.lines().collect();
-            assert_eq!(lines.len(), p.ops.len() + 2);
-            assert_eq!(
-                *lines.last().unwrap(),
-                format!("The answer is {}.", p.answer)
-            );
+            let all: Vec<&str> = p.solution.lines().collect();
+            assert_eq!(all.len(), p.ops.len() + 4);
+            assert_eq!((all[0], all[all.len() - 2]), ("<think>", "</think>"), "{}", p.solution);
+            assert_eq!(*all.last().unwrap(), format!("The answer is {}.", p.answer));
+            let lines = &all[1..all.len() - 2];
             let mut prev = first_number(lines[0]).unwrap();
-            for l in &lines[1..lines.len() - 1] {
+            for l in &lines[1..] {
                 let (_, eq) = l.split_once(": ").unwrap();
                 let t: Vec<&str> = eq.split(' ').collect();
                 let (a, b, c): (u64, u64, u64) = (

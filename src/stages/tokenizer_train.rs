@@ -24,6 +24,7 @@ use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 use super::prompt_text::prompt_text;
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{read_rows, Schema};
+use crate::credit::thinking::{THINK_CLOSE, THINK_OPEN};
 use crate::engine::StageContext;
 
 /// Special tokens in id order.
@@ -34,6 +35,9 @@ pub const SPECIAL_TOKENS: [&str; 5] = [
     "<think>",
     "</think>",
 ];
+
+/// The thinking markers among [`SPECIAL_TOKENS`] (reserved ids, kept in decoded text).
+const THINK_TOKENS: [&str; 2] = [THINK_OPEN, THINK_CLOSE];
 
 /// ChatML template (the Qwen2 chat format without a default system prompt).
 const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -57,9 +61,11 @@ pub fn train(texts: &[String], vocab_size: usize, min_frequency: u64) -> anyhow:
     if vocab_size < floor {
         bail!("tokenizer_train: vocab_size {vocab_size} is below {floor} (256 byte symbols + {} special tokens)", SPECIAL_TOKENS.len());
     }
+    // `<think>`/`</think>` are single tokens that are not "special" when decoding, as in Qwen3: a
+    // completion's text keeps its thinking markers (so an answer can be found after them).
     let specials: Vec<AddedToken> = SPECIAL_TOKENS
         .iter()
-        .map(|t| AddedToken::from(*t, true))
+        .map(|t| AddedToken::from(*t, !THINK_TOKENS.contains(t)))
         .collect();
     let mut trainer = BpeTrainerBuilder::new()
         .show_progress(false)
@@ -84,7 +90,9 @@ pub fn train(texts: &[String], vocab_size: usize, min_frequency: u64) -> anyhow:
     .build()
     .map_err(|e| anyhow!("tokenizer_train: building the tokenizer: {e}"))?;
     // Registered before training so special tokens in the corpus are never split into merges.
-    tok.add_special_tokens(&specials);
+    let (think, control): (Vec<AddedToken>, Vec<AddedToken>) = specials.iter().cloned().partition(|t| !t.special);
+    tok.add_special_tokens(&control);
+    tok.add_tokens(&think);
     tok.train(&mut trainer, texts.iter())
         .map_err(|e| anyhow!("tokenizer_train: training: {e}"))?;
     Ok(Tokenizer::from(tok))
@@ -219,6 +227,8 @@ mod tests {
         assert_eq!(enc.get_ids()[0], 1);
         assert!(enc.get_ids().contains(&3) && enc.get_ids().contains(&4));
         assert_eq!(*enc.get_ids().last().unwrap(), 2);
+        // Decoded text drops the chat markers but keeps the thinking ones (as Qwen3's does).
+        assert_eq!(tok.decode(enc.get_ids(), true).unwrap(), "user<think>x</think>");
         // The learned merges compress the training language.
         let n = tok.encode(samples[1], false).unwrap().len();
         assert!(

@@ -2,8 +2,14 @@
 //! model families written out in Rust (no Jinja at run time).
 //!
 //! - Qwen (ChatML): `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
-//!   `<|im_start|>assistant\n` as generation prompt.
+//!   `<|im_start|>assistant\n` as generation prompt. For system/user conversations this is also
+//!   Qwen3's template in thinking mode (`enable_thinking` true, its default): the model opens
+//!   `<think>` itself.
 //! - SmolLM2: ChatML with a default system message when the conversation has none.
+//! - DeepSeek-R1-Distill (Qwen and Llama distills): `<｜begin▁of▁sentence｜>`, the system
+//!   message, `<｜User｜>{content}` per user turn, and `<｜Assistant｜><think>\n` as generation
+//!   prompt (the model starts inside its thinking). Picked by the vocabulary
+//!   ([`ChatTemplate::for_vocab`]): R1 distills keep their base model's architecture.
 
 use std::path::{Path, PathBuf};
 
@@ -34,15 +40,36 @@ pub enum ChatTemplate {
     Qwen,
     /// SmolLM2 ChatML with its default system message.
     SmolLm2,
+    /// DeepSeek-R1-Distill: `<｜User｜>`/`<｜Assistant｜>` turns, generation opens `<think>\n`.
+    R1Distill,
 }
 
 /// SmolLM2's default system prompt (from its `chat_template`).
 pub const SMOLLM2_SYSTEM: &str =
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 
+/// R1-distill's begin-of-sentence token (its template's `bos_token`).
+pub const R1_BOS: &str = "<｜begin▁of▁sentence｜>";
+const R1_USER: &str = "<｜User｜>";
+const R1_ASSISTANT: &str = "<｜Assistant｜>";
+const R1_EOS: &str = "<｜end▁of▁sentence｜>";
+
 impl ChatTemplate {
+    /// The template of a vocabulary: R1-distill's when it has `<｜Assistant｜>` (an R1 distill
+    /// keeps its base's architecture, so `arch_default` would be ChatML), else `arch_default`.
+    pub fn for_vocab(arch_default: ChatTemplate, inner: &tokenizers::Tokenizer) -> ChatTemplate {
+        if inner.token_to_id(R1_ASSISTANT).is_some() {
+            ChatTemplate::R1Distill
+        } else {
+            arch_default
+        }
+    }
+
     /// Renders `messages`; with `add_generation_prompt` the assistant turn is opened.
     pub fn render(self, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+        if self == ChatTemplate::R1Distill {
+            return render_r1(messages, add_generation_prompt);
+        }
         let mut s = String::new();
         if self == ChatTemplate::SmolLm2 && messages.first().is_none_or(|m| m.role != "system") {
             s.push_str(&format!("<|im_start|>system\n{SMOLLM2_SYSTEM}<|im_end|>\n"));
@@ -60,6 +87,32 @@ impl ChatTemplate {
     }
 }
 
+/// DeepSeek-R1-Distill's template (its `tokenizer_config.json`, tools left out): the last system
+/// message first, then user turns and assistant answers (an answer's thinking, up to `</think>`,
+/// is dropped from the history).
+fn render_r1(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+    let system = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "system")
+        .map_or("", |m| m.content.as_str());
+    let mut s = format!("{R1_BOS}{system}");
+    for m in messages {
+        match m.role.as_str() {
+            "user" => s.push_str(&format!("{R1_USER}{}", m.content)),
+            "assistant" => {
+                let answer = m.content.rsplit("</think>").next().unwrap_or_default();
+                s.push_str(&format!("{R1_ASSISTANT}{answer}{R1_EOS}"));
+            }
+            _ => {}
+        }
+    }
+    if add_generation_prompt {
+        s.push_str(&format!("{R1_ASSISTANT}<think>\n"));
+    }
+    s
+}
+
 /// A tokenizer plus the special ids generation needs.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -68,6 +121,8 @@ pub struct Tokenizer {
     /// Ids that end generation (`<|im_end|>`, `<|endoftext|>`, …).
     pub eos_ids: Vec<i64>,
     pub pad_id: i64,
+    /// The end-of-thinking token `</think>`, when the vocabulary has one (a thinking model).
+    pub think_end_id: Option<i64>,
     /// Where it came from, for error messages.
     pub source: PathBuf,
 }
@@ -83,7 +138,8 @@ impl Tokenizer {
     }
 
     /// Wraps an already-built tokenizer; `eos_ids` are completed with `<|im_end|>` and
-    /// `<|endoftext|>` when the vocabulary has them.
+    /// `<|endoftext|>` when the vocabulary has them; `template` gives way to R1-distill's when the
+    /// vocabulary is an R1 distill's ([`ChatTemplate::for_vocab`]).
     pub fn from_inner(
         inner: tokenizers::Tokenizer,
         template: ChatTemplate,
@@ -102,11 +158,14 @@ impl Tokenizer {
             .map(|i| i as i64)
             .or(eos_ids.first().copied())
             .unwrap_or(0);
+        let think_end_id = inner.token_to_id("</think>").map(i64::from);
+        let template = ChatTemplate::for_vocab(template, &inner);
         Tokenizer {
             inner,
             template,
             eos_ids,
             pad_id,
+            think_end_id,
             source: source.into(),
         }
     }
@@ -173,6 +232,10 @@ mod tests {
         assert_eq!(
             ChatTemplate::SmolLm2.render(&sys, false),
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+        );
+        assert_eq!(
+            ChatTemplate::R1Distill.render(&sys, true),
+            "<｜begin▁of▁sentence｜>S<｜User｜>U<｜Assistant｜><think>\n"
         );
     }
 }

@@ -1,16 +1,17 @@
 //! `eval`: avg@k of a policy on one or more benchmarks (input group `benchmarks.<name>`, each a
 //! `prompts` artifact): k samples per problem, each checked by the math verifier against the
-//! reference answer. Writes the `eval` artifact (`correct_judge` empty: a judge stage fills it)
+//! reference answer, on the answer after the chain of thought only (param `thinking`, as in
+//! `rollout`: a completion whose thinking never closed has no answer). Writes the `eval` artifact (`correct_judge` empty: a judge stage fills it)
 //! and, per benchmark, `avg_at_k.<name>` ± `stderr.<name>` metrics in the run record.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{EvalRow, PromptRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::StageContext;
 use rredcot::evaluation::{summarize, Grader};
 use rredcot::stages::prompt_text::prompt_text;
 
-use super::sampling::{plan_jobs, sample_jobs, sampling_params, window, OnBadPrompt};
+use super::sampling::{plan_jobs, sample_jobs, sampling_params, split_answer, window, OnBadPrompt, Thinking};
 use super::{load_policy, set_threads};
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
@@ -20,6 +21,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let limit: usize = ctx.param("limit")?;
     let batch_size: usize = ctx.param("batch_size")?;
     let on_bad: OnBadPrompt = ctx.param("on_bad_prompt")?;
+    let thinking: Thinking = ctx.param("thinking")?;
     let sampling = sampling_params(ctx)?;
     if k == 0 {
         bail!("stage `{}`: k (samples per problem) must be positive", ctx.instance);
@@ -36,13 +38,16 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let context = model.cfg.max_position_embeddings as usize;
 
     let mut rows = Vec::new();
+    let mut unclosed = 0i64;
     for (bench, path) in &benchmarks {
         let prompts: Vec<PromptRow> = window(read_rows(path, Schema::Prompts)?, limit, 0);
         let jobs = plan_jobs(ctx, &prompts, path, &tok, context, k, on_bad)?;
         let gens = sample_jobs(ctx, &model, &tok, &jobs, seed, batch_size, &sampling, &format!("eval {bench}"))?;
         for (job, g) in jobs.iter().zip(gens) {
             let text = g.text.unwrap_or_default();
-            let verdict = rredcot::math::verify_response(job.gold, &text);
+            let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text).with_context(|| format!("{bench}: prompt {} sample {}", job.row.id, job.sample_idx))?;
+            unclosed += a.cot_end.is_none() as i64;
+            let verdict = a.verdict;
             rows.push(EvalRow {
                 prompt_id: job.row.id.clone(),
                 benchmark: bench.clone(),
@@ -65,6 +70,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.metric("k", k as i64);
     ctx.metric("mean_reward", rows.iter().map(|r| r.correct_verifier as u8 as f64).sum::<f64>() / rows.len().max(1) as f64);
     ctx.count("samples", rows.len() as i64);
+    ctx.count("thinking_unclosed", unclosed);
     write_rows(ctx.output("eval")?, Schema::Eval, &rows)?;
     Ok(())
 }

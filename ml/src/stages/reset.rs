@@ -15,21 +15,23 @@
 //! the prefix ids in its `meta` (`reset_prefix_ids`), which [`super::encode_prompt`] appends, so
 //! `update`, the scorers and a later `rollout` all see prompt + prefix as the context and the
 //! continuation as the completion. Outputs: `prompts` and `rollouts` (the originals, then the reset
-//! groups; `include_original = false` keeps only the resets) and a `resets` table.
+//! groups; `include_original = false` keeps only the resets) and a `resets` table. Resets fall
+//! inside the chain of thought (segments cover only it); a continuation is judged like a rollout,
+//! on the answer after its end of thinking (param `thinking`), and its `cot_end` is counted from
+//! the continuation's first token.
 
 use std::collections::HashSet;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{write_rows, write_table, Schema};
 use rredcot::engine::StageContext;
-use rredcot::math::verify_response;
 use rredcot::stages::prompt_text::prompt_text;
 use serde::Serialize;
 
-use super::sampling::{row_seed, sample_seeded, sampling_params};
+use super::sampling::{row_seed, sample_seeded, sampling_params, split_answer, Thinking};
 use super::traces::{Trace, TraceInputs, TraceTokens};
 use super::{load_policy, set_threads, RESET_PREFIX_KEY};
 use crate::model::{logprob, ChatMessage, DecoderLm, Tokenizer};
@@ -104,6 +106,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let include_original: bool = ctx.param("include_original")?;
     let (loc_prompt, loc_answer): (String, String) = (ctx.param("localize_prompt")?, ctx.param("localize_answer")?);
     let sampling = sampling_params(ctx)?;
+    let thinking: Thinking = ctx.param("thinking")?;
     if k == 0 {
         bail!("stage `{}`: k must be positive", ctx.instance);
     }
@@ -184,7 +187,11 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         for j in 0..k {
             let g = gens.next().expect("one generation per continuation");
             let text = g.text.clone().unwrap_or_default();
-            let verdict = verify_response(gold, &format!("{}{text}", r.prefix_text));
+            let ids: Vec<i64> = r.prefix.iter().chain(&g.tokens).copied().collect();
+            let a = split_answer(&tok, thinking, gold, &ids, &format!("{}{text}", r.prefix_text)).with_context(|| format!("reset {} continuation {j}", r.row.id))?;
+            let verdict = a.verdict;
+            // The continuation's own chain of thought: none left when it ended inside the prefix.
+            let cot_end = a.cot_end.and_then(|c| c.checked_sub(r.prefix.len())).filter(|&c| c > 0);
             let reward = if verdict.correct { 1.0 } else { 0.0 };
             rewards.push(reward);
             out_rollouts.push(RolloutRow {
@@ -198,6 +205,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                 reward,
                 finish_reason: g.finish_reason.as_str().to_string(),
                 policy_ckpt: policy_hash.clone(),
+                cot_end: cot_end.map(|c| c as i32),
             });
         }
         let mean = rewards.iter().sum::<f64>() / k as f64;

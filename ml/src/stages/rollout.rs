@@ -1,17 +1,20 @@
 //! `rollout`: G sampled completions per prompt from a policy checkpoint (`rollouts` artifact),
 //! each with its per-token logprobs and entropies, the extracted answer and the outcome reward of
-//! the math verifier (1 if it matches the reference answer, else 0).
+//! the math verifier (1 if it matches the reference answer, else 0) on the answer after the chain
+//! of thought, and `cot_end`, where that chain of thought ends ([`split_answer`]; param
+//! `thinking`). A completion whose thinking never closed has no answer (reward 0) and no
+//! `cot_end`; counted as `thinking_unclosed`.
 //!
 //! Row (prompt p, sample i) is sampled with its own seed, derived from (`seed`, p's id, i), so a
 //! rollout does not depend on which other prompts are in the run. Batches hold `batch_size`
 //! rows in prompt order; the result is deterministic for the same inputs, params and threads.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::StageContext;
 
-use super::sampling::{plan_jobs, sample_jobs, sampling_params, window, OnBadPrompt};
+use super::sampling::{plan_jobs, sample_jobs, sampling_params, split_answer, window, OnBadPrompt, Thinking};
 use super::{load_policy, set_threads};
 
 pub use super::sampling::row_seed;
@@ -22,6 +25,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let group: usize = ctx.param("group_size")?;
     let batch_size: usize = ctx.param("batch_size")?;
     let on_bad: OnBadPrompt = ctx.param("on_bad_prompt")?;
+    let thinking: Thinking = ctx.param("thinking")?;
     let sampling = sampling_params(ctx)?;
     if group == 0 {
         bail!("stage `{}`: group_size must be positive", ctx.instance);
@@ -37,10 +41,11 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let rows: Vec<RolloutRow> = jobs
         .iter()
         .zip(gens)
-        .map(|(job, g)| {
+        .map(|(job, g)| -> Result<RolloutRow> {
             let text = g.text.clone().unwrap_or_default();
-            let verdict = rredcot::math::verify_response(job.gold, &text);
-            RolloutRow {
+            let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text).with_context(|| format!("prompt {} sample {}", job.row.id, job.sample_idx))?;
+            let verdict = a.verdict;
+            Ok(RolloutRow {
                 prompt_id: job.row.id.clone(),
                 sample_idx: job.sample_idx as i32,
                 completion_ids: g.tokens.iter().map(|&t| t as i32).collect(),
@@ -51,11 +56,13 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                 reward: if verdict.correct { 1.0 } else { 0.0 },
                 finish_reason: g.finish_reason.as_str().to_string(),
                 policy_ckpt: policy_hash.clone(),
-            }
+                cot_end: a.cot_end.map(|c| c as i32),
+            })
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let generated: usize = rows.iter().map(|r| r.completion_ids.len()).sum();
     ctx.count("rollouts", rows.len() as i64);
+    ctx.count("thinking_unclosed", rows.iter().filter(|r| r.cot_end.is_none()).count() as i64);
     ctx.metric("mean_reward", rows.iter().map(|r| r.reward).sum::<f64>() / rows.len().max(1) as f64);
     ctx.metric("mean_completion_tokens", generated as f64 / rows.len().max(1) as f64);
     write_rows(ctx.output("rollouts")?, Schema::Rollouts, &rows)?;

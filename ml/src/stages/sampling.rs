@@ -1,8 +1,11 @@
 //! Sampling G completions per prompt, shared by `rollout` (training batches) and `eval` (avg@k):
-//! which prompts can be sampled, per-row seeds, batching, the context-window clamp, progress.
+//! which prompts can be sampled, per-row seeds, batching, the context-window clamp, progress, and
+//! where a completion's chain of thought ends and its answer begins ([`split_answer`]).
 
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::PromptRow;
+use rredcot::credit::thinking::{answer_line_start, closed_at};
+use rredcot::math::{verify_response, Verdict};
 use rredcot::engine::hash::sha256_hex;
 use rredcot::engine::StageContext;
 use std::path::Path;
@@ -17,6 +20,72 @@ use crate::model::{self, DecoderLm, Generation, SamplingParams, Tokenizer};
 pub enum OnBadPrompt {
     Error,
     Skip,
+}
+
+/// Whether the policy writes `<think> … </think>` before its answer (param `thinking`): `auto`
+/// (yes when its vocabulary has `</think>`), `on` or `off` (e.g. Qwen3-Instruct-2507, whose
+/// vocabulary has the token but which never thinks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Thinking {
+    Auto,
+    On,
+    Off,
+}
+
+/// A completion judged after its chain of thought.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answered {
+    /// Completion tokens of the chain of thought (see [`rredcot::credit::thinking`]); `None`:
+    /// it never ended.
+    pub cot_end: Option<usize>,
+    /// The verifier on the answer part only (nothing extracted when the thinking never closed).
+    pub verdict: Verdict,
+}
+
+/// Splits a completion (`ids`, decoded `text`) at the end of its chain of thought and verifies
+/// the answer after it against `gold`. Thinking: the answer is the text after the first `</think>`;
+/// a completion without one has no answer (reward 0). Not thinking: the answer line is the line of
+/// the verifier's extraction, and `cot_end` is the token where that line starts (`None` when
+/// nothing is extracted or the answer is on the first line: no chain of thought before it).
+pub fn split_answer(tok: &Tokenizer, thinking: Thinking, gold: &str, ids: &[i64], text: &str) -> Result<Answered> {
+    let think_end = match thinking {
+        Thinking::Auto => tok.think_end_id,
+        Thinking::On => Some(tok.think_end_id.with_context(|| format!("thinking = \"on\" but the tokenizer {} has no `</think>` token", tok.source.display()))?),
+        Thinking::Off => None,
+    };
+    if let Some(te) = think_end {
+        return Ok(match closed_at(ids, te) {
+            Some(c) => Answered { cot_end: Some(c), verdict: verify_response(gold, &tok.decode(&ids[c..], true)?) },
+            None => Answered { cot_end: None, verdict: Verdict { extracted: None, correct: false } },
+        });
+    }
+    let verdict = verify_response(gold, text);
+    let line = verdict.extracted.as_deref().and_then(|e| answer_line_start(text, e));
+    let cot_end = match line {
+        Some(at) if at > 0 => token_at_byte(tok, ids, at)?.filter(|&k| k > 0),
+        _ => None,
+    };
+    Ok(Answered { cot_end, verdict })
+}
+
+/// The index of the token of `ids` whose decoded text holds byte `at` of the decoding of `ids`
+/// (binary search over decoded prefixes; `None` past the end).
+fn token_at_byte(tok: &Tokenizer, ids: &[i64], at: usize) -> Result<Option<usize>> {
+    let (mut lo, mut hi) = (0usize, ids.len());
+    if tok.decode(ids, true)?.len() <= at {
+        return Ok(None);
+    }
+    // Invariant: decode(ids[..lo]) ends at or before `at`, decode(ids[..hi]) past it.
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if tok.decode(&ids[..mid], true)?.len() > at {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(lo))
 }
 
 /// The sampling seed of one row.
@@ -182,4 +251,57 @@ pub fn window(prompts: Vec<PromptRow>, limit: usize, batch_index: usize) -> Vec<
     }
     let start = (batch_index * limit) % prompts.len();
     prompts.iter().cycle().skip(start).take(limit.min(prompts.len())).cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// A byte-level BPE trained on the default world's (thinking) solutions, as the quickstart's.
+    fn tokenizer() -> Tokenizer {
+        let texts: Vec<String> = (0..50)
+            .map(|i| format!("<think>\nStart with {i}.\nAdd 3: {i} + 3 = {}\n</think>\nThe answer is {}.", i + 3, i + 3))
+            .collect();
+        let inner = rredcot::stages::tokenizer_train::train(&texts, 300, 2).unwrap();
+        Tokenizer::from_inner(inner, crate::model::ChatTemplate::Qwen, vec![], Path::new("test"))
+    }
+
+    #[test]
+    fn a_thinking_answer_is_read_only_after_the_end_of_thinking() {
+        let tok = tokenizer();
+        let te = tok.think_end_id.expect("the world's tokenizer has </think>");
+        let ids = tok.encode("<think>\nStart with 5.\nAdd 3: 5 + 3 = 8\n</think>\nThe answer is 8.<|im_end|>").unwrap();
+        let text = tok.decode(&ids, true).unwrap();
+        let a = split_answer(&tok, Thinking::Auto, "8", &ids, &text).unwrap();
+        let c = a.cot_end.unwrap();
+        assert_eq!(ids[c - 1], te, "cot_end is the index after </think>");
+        assert!(a.verdict.correct && a.verdict.extracted.as_deref() == Some("8"));
+        // The same thinking without its end: no answer, although "= 8" is in it.
+        let open = tok.encode("<think>\nStart with 5.\nAdd 3: 5 + 3 = 8\n").unwrap();
+        let a = split_answer(&tok, Thinking::On, "8", &open, &tok.decode(&open, true).unwrap()).unwrap();
+        assert_eq!((a.cot_end, a.verdict.extracted, a.verdict.correct), (None, None, false));
+        // The answer after the end of thinking is what counts, not a number inside it.
+        let wrong = tok.encode("<think>\nAdd 3: 5 + 3 = 8\n</think>\nThe answer is 9.").unwrap();
+        assert!(!split_answer(&tok, Thinking::Auto, "8", &wrong, &tok.decode(&wrong, true).unwrap()).unwrap().verdict.correct);
+    }
+
+    #[test]
+    fn without_thinking_the_chain_of_thought_ends_at_the_answer_line() {
+        let tok = tokenizer();
+        let ids = tok.encode("Start with 5.\nAdd 3: 5 + 3 = 8\nThe answer is 8.").unwrap();
+        let text = tok.decode(&ids, true).unwrap();
+        let a = split_answer(&tok, Thinking::Off, "8", &ids, &text).unwrap();
+        let c = a.cot_end.unwrap();
+        assert!(a.verdict.correct);
+        assert_eq!(tok.decode(&ids[c..], true).unwrap().trim_start(), "The answer is 8.", "the answer line starts at cot_end");
+        assert!(tok.decode(&ids[..c], true).unwrap().trim_end().ends_with("= 8"));
+        // An answer on the first line leaves no chain of thought; nothing extracted, none either.
+        let first = tok.encode("The answer is 8.").unwrap();
+        assert_eq!(split_answer(&tok, Thinking::Off, "8", &first, "The answer is 8.").unwrap().cot_end, None);
+        let none = tok.encode("Start with\n").unwrap();
+        assert_eq!(split_answer(&tok, Thinking::Off, "8", &none, "Start with\n").unwrap().cot_end, None);
+        let err = split_answer(&Tokenizer { think_end_id: None, ..tok.clone() }, Thinking::On, "8", &ids, &text).unwrap_err().to_string();
+        assert!(err.contains("</think>"), "{err}");
+    }
 }

@@ -18,17 +18,17 @@
 //! (the standard deviation of the value estimate with k' = 1..k completions, bootstrapped from
 //! the k drawn and binomial, averaged over exit points: paper Fig. 7).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rredcot::analysis::mc_sd::SdIn;
 use rredcot::artifact::{write_rows, Schema};
 use rredcot::credit::sigma::Normalize;
 use rredcot::engine::StageContext;
-use rredcot::math::{extract, verify_response};
+use rredcot::math::extract;
 use serde::{Deserialize, Serialize};
 
-use super::sampling::{row_seed, sample_seeded, sampling_params};
+use super::sampling::{row_seed, sample_seeded, sampling_params, split_answer, Thinking};
 use super::traces::{write_scores, TraceInputs};
 use super::{load_policy, set_threads};
 use crate::model::FinishReason;
@@ -48,7 +48,8 @@ pub struct CompletionRow {
     /// Exit point t: the completion continues x, u_1..u_t.
     pub exit: i32,
     pub k: i32,
-    /// The sampled continuation (the verified response is the prefix's text followed by it).
+    /// The sampled continuation with its special tokens; the answer verified is what follows the
+    /// end of thinking of the prefix followed by it.
     pub text: String,
     pub tokens: i32,
     pub correct: bool,
@@ -96,11 +97,12 @@ fn sd_by_k(outcomes: &[Vec<bool>], k: usize, reps: usize, seed: u64) -> Vec<SdIn
         .collect()
 }
 
-/// An exit point: trace index, t, the prefix ids and its decoded completion part.
+/// An exit point: trace index, t, the prefix ids, its chain-of-thought ids and their text.
 struct Exit {
     trace: usize,
     t: usize,
     ids: Vec<i64>,
+    cot: Vec<i64>,
     text: String,
 }
 
@@ -119,6 +121,7 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
     let lost_rule: Lost = ctx.param("lost")?;
     let reps: usize = ctx.param("bootstrap")?;
     let sampling = sampling_params(ctx)?;
+    let thinking: Thinking = ctx.param("thinking")?;
     if k == 0 {
         bail!("stage `{}`: k must be positive", ctx.instance);
     }
@@ -133,7 +136,8 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
         let tt = tr.tokens(&tok)?;
         for t in 0..tt.bounds.len() {
             let upto = if t == 0 { 0 } else { tt.bounds[t - 1].1 };
-            exits.push(Exit { trace: i, t, ids: tt.prefix(upto), text: tok.decode(&tt.completion[..upto], true)? });
+            let cot = tt.completion[..upto].to_vec();
+            exits.push(Exit { trace: i, t, ids: tt.prefix(upto), text: tok.decode(&cot, true)?, cot });
         }
     }
     let rows: Vec<(&[i64], u64)> = exits
@@ -148,7 +152,7 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
         format!("{} exit {} completion {}", traces[e.trace].at, e.t, r % k)
     };
     let t0 = std::time::Instant::now();
-    let gens = sample_seeded(ctx, &model, &tok, &rows, batch, &sampling, "mc", name)?;
+    let gens = sample_seeded(ctx, &model, &tok, &rows, batch, &sampling, "mc", &name)?;
     let forward_tokens: usize = rows.iter().zip(&gens).map(|(r, g)| r.0.len() + g.tokens.len()).sum();
 
     // Verify every completion; outcomes per exit point (lost ones left out under `drop`).
@@ -159,9 +163,12 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
         let tr = &traces[e.trace];
         let text = g.text.unwrap_or_default();
         let response = format!("{}{text}", e.text);
-        let correct = verify_response(golds[e.trace], &response).correct;
+        // The answer after the continuation's end of thinking, as the rollout judges its own.
+        let ids: Vec<i64> = e.cot.iter().chain(&g.tokens).copied().collect();
+        let verdict = split_answer(&tok, thinking, golds[e.trace], &ids, &response).with_context(|| name(r))?.verdict;
+        let correct = verdict.correct;
         let truncated = g.finish_reason == FinishReason::Length;
-        let lost = truncated && !has_final_answer(&response);
+        let lost = truncated && !(verdict.extracted.is_some() && has_final_answer(&response));
         if !(lost && lost_rule == Lost::Drop) {
             outcomes[r / k].push(correct);
         }
@@ -170,7 +177,7 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
             sample_idx: tr.seg.sample_idx,
             exit: e.t as i32,
             k: (r % k) as i32,
-            text,
+            text: tok.decode(&g.tokens, false)?,
             tokens: g.tokens.len() as i32,
             correct,
             truncated,

@@ -7,8 +7,13 @@
 //! answer (`answer_source = "reference"`) or the rollout's own extracted answer (`"self"`); u* is
 //! the reference solution.
 //!
-//! The last cut ends the trace *before* a trailing stop token (`<|im_end|>`): R_T asks for the
-//! answer as a continuation of the reasoning, not after the turn ended.
+//! Segments cover the chain of thought only (`0..cot_end`, [`rredcot::credit::thinking`]), so
+//! the last cut is the end of the thinking: right after `</think>` for a thinking model, before
+//! the final-answer line otherwise. R_T asks for y* there, never after the model's own answer
+//! (which would ask for the answer a second time). A trace that never closed its thinking (and was
+//! segmented whole, `on_unclosed = "truncate"`) ends before a trailing stop token (`<|im_end|>`).
+//! When u* is written as `<think>…</think>answer` (the default world), v_t scores its chain of
+//! thought ([`rredcot::credit::thinking::reasoning_body`]): the continuation of a partial one.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -18,6 +23,7 @@ use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::credit::segmentation::checked_ends;
 use rredcot::credit::sigma::{self, Normalize, Terms};
+use rredcot::credit::thinking::reasoning_body;
 use rredcot::engine::StageContext;
 
 use super::{encode_prompt, load_policy, set_threads};
@@ -105,7 +111,7 @@ fn prepare(
     rollout: &RolloutRow,
     seg: &SegmentRow,
 ) -> Result<Prepared> {
-    let n = rollout.completion_ids.len();
+    let n = rollout.cot_len();
     let ends = checked_ends(&seg.seg_starts, &seg.seg_ends, n).map_err(anyhow::Error::msg)?;
     let uniform = |missing: bool| Scored {
         row: ScoreRow {
@@ -126,7 +132,7 @@ fn prepare(
         AnswerSource::Own => rollout.answer_extracted.as_deref(),
     }
     .filter(|a| !a.trim().is_empty());
-    let solution = prompt.solution.as_deref().filter(|u| !u.trim().is_empty());
+    let solution = prompt.solution.as_deref().map(reasoning_body).filter(|u| !u.trim().is_empty());
     let need_answer = s.terms.uses_answer();
     let need_solution = s.terms.uses_solution();
     if (need_answer && answer.is_none()) || (need_solution && solution.is_none()) {
@@ -138,7 +144,7 @@ fn prepare(
     }
 
     let prompt_ids = encode_prompt(tok, prompt)?;
-    let mut completion: Vec<i64> = rollout.completion_ids.iter().map(|&t| t as i64).collect();
+    let mut completion: Vec<i64> = rollout.completion_ids[..n].iter().map(|&t| t as i64).collect();
     if completion.last().is_some_and(|t| tok.eos_ids.contains(t)) {
         completion.pop();
     }

@@ -36,9 +36,10 @@ pub struct Trace<'a> {
     pub at: String,
 }
 
-/// A trace in token ids: the chat-templated prompt, the completion without a trailing stop token
-/// (as `score_sigma` scores it), and each segment's `[start, end)` in the completion, clamped to
-/// it (a segment holding only the stop token is empty here).
+/// A trace in token ids: the chat-templated prompt, the chain of thought (`0..cot_end` of the
+/// completion: the answer after it is no part of any segment) without a trailing stop token (as
+/// `score_sigma` scores it), and each segment's `[start, end)` in it, clamped to it (a segment
+/// holding only the stop token is empty here).
 pub struct TraceTokens {
     pub prompt: Vec<i64>,
     pub completion: Vec<i64>,
@@ -87,9 +88,9 @@ impl TraceInputs {
 
 impl Trace<'_> {
     pub fn tokens(&self, tok: &Tokenizer) -> Result<TraceTokens> {
-        let n = self.rollout.completion_ids.len();
+        let n = self.rollout.cot_len();
         let ends = checked_ends(&self.seg.seg_starts, &self.seg.seg_ends, n).map_err(anyhow::Error::msg).with_context(|| self.at.clone())?;
-        let mut completion: Vec<i64> = self.rollout.completion_ids.iter().map(|&t| t as i64).collect();
+        let mut completion: Vec<i64> = self.rollout.completion_ids[..n].iter().map(|&t| t as i64).collect();
         if completion.last().is_some_and(|t| tok.eos_ids.contains(t)) {
             completion.pop();
         }

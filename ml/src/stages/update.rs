@@ -2,7 +2,9 @@
 //!
 //! Advantages are group-normalized outcome rewards ([`rredcot::credit::weights::advantages`]).
 //! Each completion's credit is uniform 1/|o| (`credit = "uniform"`, GRPO) or σ_t/|u_t| from the
-//! `scores` and `segments` inputs (`credit = "sigma"`, RREDCoT), mixed by `sigma_mix`. With
+//! `scores` and `segments` inputs (`credit = "sigma"`, RREDCoT), mixed by `sigma_mix`; segments
+//! cover the chain of thought only, and the answer tokens after it keep GRPO's 1/|o| (a trace
+//! left unsegmented because its thinking never closed trains with uniform weights). With
 //! `credit = "progress"` (seed 002) the credit stays uniform and the *advantage* is per token: the
 //! outcome advantage plus `progress_coef` × the prover's progress Δ_t of the token's step (from
 //! `score_progress` values), times the token's entropy normalized over its step, mixed by
@@ -206,7 +208,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("groups_all_rewards_equal", flat_groups as i64);
 
     let mut seqs = Vec::with_capacity(rollouts.len());
-    let mut empty = 0i64;
+    let (mut empty, mut unclosed_uniform) = (0i64, 0i64);
     for (i, r) in rollouts.iter().enumerate() {
         let at = || format!("{} row {i} (prompt {}, sample {})", rollouts_path.display(), r.prompt_id, r.sample_idx);
         let n = r.completion_ids.len();
@@ -226,12 +228,18 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             let (sc, sg) = scores_of
                 .get(&(r.prompt_id.clone(), r.sample_idx))
                 .with_context(|| format!("{}: no score/segments row for this rollout", at()))?;
-            // A malformed segments row is an error here, not a panic in token_weights.
-            let ends = checked_ends(&sg.seg_starts, &sg.seg_ends, n).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+            // Segments tile the chain of thought; a malformed row is an error here, not a panic
+            // in token_weights.
+            let ends = checked_ends(&sg.seg_starts, &sg.seg_ends, r.cot_len()).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
             Ok((sc, ends))
         };
+        // A trace whose thinking never closed and that `segment` skipped (on_unclosed = "skip")
+        // has no credit scores: it trains with GRPO's uniform weights, counted.
+        let unscored = credit_kind != Credit::Uniform && r.cot_end.is_none() && !scores_of.contains_key(&(r.prompt_id.clone(), r.sample_idx));
+        unclosed_uniform += unscored as i64;
         let (credit, advantage, sigma_entropy) = match credit_kind {
             Credit::Uniform => (token_weights(n, None, 0.0), vec![adv[i]; n], None),
+            _ if unscored => (token_weights(n, None, 0.0), vec![adv[i]; n], None),
             Credit::Sigma => {
                 let (sc, ends) = scored()?;
                 if sc.sigma.len() != ends.len() {
@@ -254,7 +262,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                     bail!("{}: {} token entropies for {n} completion tokens", at(), r.entropies.len());
                 }
                 let w = progress::entropy_weights(&r.entropies, &ends, entropy_mix);
-                let a = progress::token_advantages(adv[i], &progress::step_progress(&sc.r), progress_coef, &ends, &w);
+                let mut a = progress::token_advantages(adv[i], &progress::step_progress(&sc.r), progress_coef, &ends, &w);
+                // The answer after the chain of thought is no step: it keeps the outcome advantage.
+                a.resize(n, adv[i]);
                 (token_weights(n, None, 0.0), a, None)
             }
         };
@@ -268,6 +278,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         });
     }
     ctx.count("empty_completions_skipped", empty);
+    ctx.count("unclosed_uniform_credit", unclosed_uniform);
     if seqs.is_empty() {
         bail!("{}: every rollout has an empty completion; nothing to train on", rollouts_path.display());
     }

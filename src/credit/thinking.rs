@@ -1,0 +1,105 @@
+//! Where a completion's chain of thought ends, and what credit assignment does with the rest.
+//!
+//! The paper's MDP is "segments of the chain of thought, then the answer y": a reasoning model
+//! (DeepSeek-R1-Distill, Qwen3 in thinking mode, this project's default world) writes
+//! `<think> … </think>` and then its answer. The `rollout` stage records `cot_end` (exclusive, in
+//! completion tokens): the index after the end-of-thinking token, or, for a model without one, the
+//! first token of the line holding the verifier's extracted answer ([`answer_line_start`]).
+//! Segmentation and every credit method cover `0..cot_end` only; y* is scored right after it;
+//! answers are extracted only from the tokens after it.
+//!
+//! A trace whose thinking never closes (cut by the token budget, or no answer line) has no
+//! `cot_end`; the `on_unclosed` param ([`OnUnclosed`]) says what credit assignment does with it.
+//! Knows nothing of tokenizers: callers map text offsets to tokens.
+
+use serde::Deserialize;
+
+/// The end-of-thinking marker of R1-distill, Qwen3 and the default world's tokenizer.
+pub const THINK_CLOSE: &str = "</think>";
+/// The opening marker (Qwen3 and the default world write it; R1-distill's prompt ends with it).
+pub const THINK_OPEN: &str = "<think>";
+
+/// What credit assignment does with a trace whose chain of thought never ended (stage param
+/// `on_unclosed`). Always counted (`thinking_unclosed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnclosed {
+    /// The whole completion is the chain of thought (cut where the budget ran out); y* is scored
+    /// after it, without an end-of-thinking token.
+    Truncate,
+    /// No segments and no credit scores; the update trains it with uniform (GRPO) token weights.
+    Skip,
+    /// Stop, naming the row.
+    Error,
+}
+
+/// Index after the first `think_end` token in `ids`, if any.
+pub fn closed_at(ids: &[i64], think_end: i64) -> Option<usize> {
+    ids.iter().position(|&t| t == think_end).map(|i| i + 1)
+}
+
+/// Byte offset in `text` of the start of the line holding the verifier's extracted answer
+/// `extracted` (the first extraction candidate with that text; see [`crate::math::extract`]).
+/// For models without an end-of-thinking token this line starts the answer y.
+pub fn answer_line_start(text: &str, extracted: &str) -> Option<usize> {
+    let c = crate::math::extract::candidates(text)
+        .into_iter()
+        .find(|c| c.text == extracted)?;
+    // The line holding the match's last byte: a `\boxed{}` candidate's span may start earlier.
+    let last = c.end.saturating_sub(1).max(c.start).min(text.len());
+    let last = (0..=last).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    Some(text[..last].rfind('\n').map_or(0, |i| i + 1))
+}
+
+/// The chain of thought of a reference solution u* written as `<think>…</think>answer`: the text
+/// between the markers (newlines at both ends dropped), scored as v_t's target after a partial
+/// chain of thought. A solution without the end marker is returned whole.
+pub fn reasoning_body(solution: &str) -> &str {
+    let Some(close) = solution.find(THINK_CLOSE) else {
+        return solution;
+    };
+    let body = &solution[..close];
+    let body = body
+        .find(THINK_OPEN)
+        .map_or(body, |o| &body[o + THINK_OPEN.len()..]);
+    body.trim_matches('\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_of_thought_closes_after_the_first_end_token() {
+        assert_eq!(closed_at(&[5, 6, 9, 7, 9], 9), Some(3));
+        assert_eq!(closed_at(&[5, 6], 9), None);
+        assert_eq!(closed_at(&[9], 9), Some(1));
+    }
+
+    #[test]
+    fn the_answer_line_is_the_line_of_the_extracted_answer() {
+        let text = "Add 3: 5 + 3 = 8\nSubtract 2: 8 - 2 = 6\nThe answer is 6.";
+        let at = answer_line_start(text, "6").unwrap();
+        assert_eq!(&text[at..], "The answer is 6.");
+        let boxed = "so x = 4\nThus \\boxed{4}";
+        assert_eq!(
+            &boxed[answer_line_start(boxed, "4").unwrap()..],
+            "Thus \\boxed{4}"
+        );
+        assert_eq!(answer_line_start("The answer is 6.", "6"), Some(0));
+        assert_eq!(answer_line_start("no number here", "6"), None);
+    }
+
+    #[test]
+    fn the_reference_chain_of_thought_is_inside_the_markers() {
+        assert_eq!(
+            reasoning_body("<think>\nStart with 5.\nAdd 3: 5 + 3 = 8\n</think>\nThe answer is 8."),
+            "Start with 5.\nAdd 3: 5 + 3 = 8"
+        );
+        assert_eq!(reasoning_body("steps\n</think>\n\n**8**"), "steps");
+        assert_eq!(
+            reasoning_body("Start with 5.\nThe answer is 5."),
+            "Start with 5.\nThe answer is 5."
+        );
+    }
+}
