@@ -21,11 +21,15 @@ use common::repo;
 /// The quickstart at toy scale (with `common::TINY_WORLD`): 2 training steps per method, 6 eval
 /// problems x 2 samples after each step, 3 problems of each benchmark x 2 samples in the final evals.
 const TINY_QUICKSTART: &[&str] = &[
+    // The default world thinks: a 40-step SFT never closes `</think>` with a right answer, so every
+    // group's rewards would be equal and GRPO and RREDCoT could not differ. 300 steps and 64 new
+    // tokens give some groups a correct sample.
+    "sft.steps=300",
     "grpo.repeat=2",
     "rredcot.repeat=2",
     "rollout.limit=4",
     "rollout.group_size=4",
-    "rollout.max_new_tokens=40",
+    "rollout.max_new_tokens=64",
     "update.minibatch_size=8",
     "segment.max_segments=8",
     "eval.limit=6",
