@@ -50,7 +50,8 @@ inputs = { corpus = "taskgen.train" }
 name = "sft"
 uses = "bootstrap_sft"
 inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
-params = { steps = 40, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16, max_len = 2048 }
+# 200 steps: in the thinking default world a 40-step model answers only newlines, and the judge test needs text.
+params = { steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16, max_len = 2048 }
 
 [[stage]]
 name = "judge"
