@@ -42,7 +42,7 @@ carry = {{ "rollout.policy" = "update.policy", "update.policy" = "update.policy"
   [[chain.stage]]
   name = "update"
   inputs = {{ prompts = "taskgen.train", rollouts = "rollout.rollouts", policy = "sft.model", optimizer = "sft.model", reference = "sft.model" }}
-  params = {{ step = "{{step}}", total_steps = "{{repeat}}", lr = 1e-3, beta = 0.05, micro_batch_size = 5 }}
+  params = {{ step = "{{step}}", total_steps = "{{repeat}}", lr = 1e-3, beta = 0.05, micro_batch_size = 5, importance_sampling = "sequence" }}
 
 [[chain]]
 name = "rredcot"
@@ -63,7 +63,7 @@ carry = {{ "rollout.policy" = "update.policy", "segment.tokenizer" = "update.pol
   name = "update"
   uses = "update_rredcot"
   inputs = {{ prompts = "taskgen.train", rollouts = "rollout.rollouts", scores = "score.scores", segments = "segment.segments", policy = "sft.model", optimizer = "sft.model", reference = "sft.model" }}
-  params = {{ step = "{{step}}", total_steps = "{{repeat}}", lr = 1e-3, inner_epochs = 2, minibatch_size = 16, loss_type = "dapo", importance_sampling = "sequence" }}
+  params = {{ step = "{{step}}", total_steps = "{{repeat}}", lr = 1e-3, inner_epochs = 2, minibatch_size = 16, loss_type = "dapo" }}
 "#,
         stages = repo().join("stages").display().to_string()
     );
@@ -222,6 +222,10 @@ fn non_finite_loss_and_off_policy_inputs_stop_the_step_and_cache_nothing() {
     std::fs::write(&q, body).unwrap();
     let text = failure(worker(&store, &q, &["grpo.repeat=1", "rredcot.repeat=1"]).output().unwrap());
     assert!(text.contains("was sampled from checkpoint") && text.contains("allow_off_policy"), "{text}");
+
+    // σ credit under sequence-level importance sampling (GSPO) would change nothing: refused.
+    let text = failure(worker(&store, &p, &["grpo.repeat=1", "rredcot.repeat=1", "rredcot.update.importance_sampling=sequence"]).output().unwrap());
+    assert!(text.contains("rredcot.update[0]") && text.contains("sigma credit has no effect under sequence-level importance sampling"), "{text}");
 
     // An empty batch (e.g. every prompt of the step skipped): a clear error naming the file.
     let empty = dir.path().join("empty-rollouts.parquet");
