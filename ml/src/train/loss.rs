@@ -256,6 +256,11 @@ mod tests {
         assert!(other.kl > 0.0);
     }
 
+    /// A non-uniform credit over `batch()`'s mask (as σ gives), summing to 1 per sequence.
+    fn sigma_credit() -> Tensor {
+        Tensor::from_slice(&[0.7, 0.1, 0.1, 0.1, 0.9, 0.1, 0., 0., 0.2, 0.2, 0.6, 0.]).view([3, 4]).to_kind(Kind::Double)
+    }
+
     #[test]
     fn dapo_split_into_optimizer_steps_divides_by_the_batch_mean_tokens_per_step_as_trl() {
         // TRL: loss of each micro-batch = Σ tokens ℓ / (num_items_in_batch), where
@@ -275,10 +280,7 @@ mod tests {
     #[test]
     fn nonuniform_credit_is_refused_under_sequence_level_is_because_it_changes_nothing() {
         let (logp, old, mask, lens) = batch();
-        let adv = Tensor::from_slice(&[1.5, -0.5, -1.0]);
-        let sigma = Tensor::from_slice(&[0.7, 0.1, 0.1, 0.1, 0.9, 0.1, 0., 0., 0.2, 0.2, 0.6, 0.])
-            .view([3, 4])
-            .to_kind(Kind::Double);
+        let (adv, sigma) = (Tensor::from_slice(&[1.5, -0.5, -1.0]), sigma_credit());
         let mut seq = cfg(LossType::Grpo);
         seq.importance_sampling = IsLevel::Sequence;
         let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
@@ -305,10 +307,7 @@ mod tests {
     #[test]
     fn kl_term_is_uniform_whatever_the_credit() {
         let (logp, old, mask, lens) = batch();
-        let adv = Tensor::from_slice(&[1.5, -0.5, -1.0]);
-        let sigma = Tensor::from_slice(&[0.7, 0.1, 0.1, 0.1, 0.9, 0.1, 0., 0., 0.2, 0.2, 0.6, 0.])
-            .view([3, 4])
-            .to_kind(Kind::Double);
+        let (adv, sigma) = (Tensor::from_slice(&[1.5, -0.5, -1.0]), sigma_credit());
         let reference = (&logp.detach() + 0.5).detach();
         let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
         let kl_part = |credit: &Tensor| {
