@@ -205,3 +205,124 @@ fn fig3_truncation_is_recounted_and_fig7_passes_the_sd_table_through() {
     }
     assert!(md.contains("Skipped: no `scores.<method>` inputs"), "{md}");
 }
+
+#[derive(Debug, serde::Deserialize)]
+struct BenchRow {
+    method: String,
+    blame: String,
+    traces: i64,
+    top1_first_wrong_step: f64,
+    mean_rank: f64,
+    chance_top1: f64,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct TraceRow {
+    prompt_id: String,
+    sample_idx: i32,
+    segments: i32,
+    first_wrong_segment: i32,
+    error: String,
+    method: String,
+    hit: f64,
+    rank: f64,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Reset {
+    prompt_id: String,
+    sample_idx: i32,
+    reset_step: i32,
+}
+
+/// The credit benchmark at toy scale (issue 19 point 2): the located first wrong steps are checked
+/// against the reference solution's lines, and the per-trace hits and ranks of σ (value drop and
+/// weight), SRPO and chance are recomputed here from the scorers' own artifacts.
+#[test]
+fn credit_benchmark_locates_real_errors_and_scores_methods_as_recomputed() {
+    use rredcot::artifact::rows::{PromptRow, RolloutRow, SegmentRow};
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let sets = ["rollout.limit=12", "rollout.group_size=4", "mc5.k=2", "mc5.max_new_tokens=24", "mc20.k=3", "mc20.max_new_tokens=24", "srpo.max_new_tokens=8", "rrpo.max_new_tokens=8"];
+    let s = run_ok(&store, "pipelines/credit-benchmark.toml", &sets);
+    let report = output(&store, &s, "benchmark", "report");
+    for f in ["results.md", "credit_benchmark.csv", "first_wrong_steps.csv", "credit_top1.png", "credit_top1.svg"] {
+        assert!(report.join(f).is_file(), "missing {f}");
+    }
+    let rows: Vec<BenchRow> = table(&report.join("credit_benchmark.parquet"));
+    let traces: Vec<TraceRow> = table(&report.join("first_wrong_steps.parquet"));
+    let methods: Vec<&str> = rows.iter().map(|r| r.method.as_str()).collect();
+    assert_eq!(methods, ["random", "grad", "loo", "mc20", "mc5", "progress", "sigma", "sigma_answer", "sigma_l1", "sigma_signed", "sigma_softmax", "sigma_solution", "rrpo", "srpo"]);
+    let located = rows[0].traces as usize;
+    assert!(located > 0, "some incorrect traces have a located first wrong step: {rows:?}");
+    assert!(rows.iter().all(|r| r.traces as usize == located));
+
+    // Ground truth: every line before the first wrong segment is a line of the reference solution,
+    // in order, and the wrong segment holds a line that is not the reference's next one.
+    let prompts: Vec<PromptRow> = read_rows(&output(&store, &s, "taskgen", "eval"), Schema::Prompts).unwrap();
+    let rollouts: Vec<RolloutRow> = read_rows(&output(&store, &s, "rollout", "rollouts"), Schema::Rollouts).unwrap();
+    let segments: Vec<SegmentRow> = read_rows(&output(&store, &s, "segment", "segments"), Schema::Segments).unwrap();
+    let tok = rredcot::stages::tokenizer_train::load(&output(&store, &s, "sft", "model")).unwrap();
+    let chance: Vec<&TraceRow> = traces.iter().filter(|t| t.method == "random").collect();
+    assert_eq!(chance.len(), located);
+    for t in &chance {
+        let r = rollouts.iter().find(|r| r.prompt_id == t.prompt_id && r.sample_idx == t.sample_idx).unwrap();
+        assert_eq!(r.reward, 0.0);
+        let seg = segments.iter().find(|g| g.prompt_id == t.prompt_id && g.sample_idx == t.sample_idx).unwrap();
+        assert_eq!(seg.seg_starts.len(), t.segments as usize);
+        let solution = prompts.iter().find(|p| p.id == t.prompt_id).unwrap().solution.clone().unwrap();
+        let reference: Vec<&str> = solution.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        let text = |i: usize| -> String {
+            let ids: Vec<u32> = r.completion_ids[seg.seg_starts[i] as usize..seg.seg_ends[i] as usize].iter().map(|&x| x as u32).collect();
+            tok.decode(&ids, false).unwrap()
+        };
+        let before: String = (0..t.first_wrong_segment as usize - 1).map(text).collect();
+        let before: Vec<&str> = before.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        assert_eq!(before, reference[..before.len()], "{t:?}: the lines before the first wrong step are the reference's");
+        let wrong = text(t.first_wrong_segment as usize - 1);
+        let next = reference[before.len()];
+        assert!(wrong.lines().map(str::trim).find(|l| !l.is_empty()) != Some(next), "{t:?}: segment `{wrong}` is the reference's next line `{next}`");
+        // Chance: 1/T and (T + 1)/2.
+        assert!(same(t.hit, 1.0 / t.segments as f64) && same(t.rank, (t.segments as f64 + 1.0) / 2.0), "{t:?}");
+    }
+    assert!(same(rows[0].top1_first_wrong_step, chance.iter().map(|t| 1.0 / t.segments as f64).sum::<f64>() / located as f64));
+    assert!(rows.iter().all(|r| same(r.chance_top1, rows[0].top1_first_wrong_step)));
+
+    // σ by its value drop and by its weight, recomputed from its scores; SRPO from its resets.
+    let sigma: Vec<ScoreRow> = read_rows(&output(&store, &s, "sigma", "scores"), Schema::Scores).unwrap();
+    let resets: Vec<Reset> = table(&output(&store, &s, "srpo", "resets"));
+    for t in &chance {
+        let sc = sigma.iter().find(|x| x.prompt_id == t.prompt_id && x.sample_idx == t.sample_idx).unwrap();
+        let w = t.first_wrong_segment as usize - 1;
+        let drop: Vec<f64> = (0..t.segments as usize).map(|i| -((sc.r[i + 1] - sc.r[i]) + (sc.v[i + 1] - sc.v[i]))).collect();
+        for (method, blame) in [("sigma", drop), ("sigma_l1", sc.sigma.clone())] {
+            let got = traces.iter().find(|x| x.method == method && x.prompt_id == t.prompt_id && x.sample_idx == t.sample_idx).unwrap();
+            let top = blame.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let tied = blame.iter().filter(|&&b| b == top).count() as f64;
+            let hit = if blame[w] == top { 1.0 / tied } else { 0.0 };
+            let neg: Vec<f64> = blame.iter().map(|b| -b).collect();
+            assert!(same(got.hit, hit) && same(got.rank, rank(&neg)[w]), "{method} {got:?}");
+        }
+        let pick = resets.iter().find(|x| x.prompt_id == t.prompt_id && x.sample_idx == t.sample_idx).unwrap();
+        let got = traces.iter().find(|x| x.method == "srpo" && x.prompt_id == t.prompt_id && x.sample_idx == t.sample_idx).unwrap();
+        assert!(same(got.hit, (pick.reset_step == t.first_wrong_segment) as i32 as f64) && got.rank.is_nan(), "{got:?}");
+        assert!(!t.error.is_empty());
+    }
+    let by = |m: &str| rows.iter().find(|r| r.method == m).unwrap();
+    assert_eq!((by("sigma").blame.as_str(), by("sigma_l1").blame.as_str(), by("loo").blame.as_str(), by("grad").blame.as_str()), ("drop", "max_sigma", "min_value", "max_value"));
+    // signed_l1 σ ordered ascending is the value drop's order: the same hits and ranks.
+    assert!(same(by("sigma_signed").top1_first_wrong_step, by("sigma").top1_first_wrong_step) && same(by("sigma_signed").mean_rank, by("sigma").mean_rank));
+
+    // Every incorrect rollout is counted once: located or why not.
+    let rec = record(&store, &s, "benchmark");
+    let c = rec["counters"].as_object().unwrap();
+    let counted: i64 = c.iter().filter(|(k, _)| k.starts_with("traces_") && *k != "traces_correct" && *k != "traces_benchmarked").map(|(_, v)| v.as_i64().unwrap()).sum();
+    assert_eq!(counted, rollouts.iter().filter(|r| r.reward == 0.0).count() as i64, "{c:?}");
+    assert_eq!(c["traces_located"].as_i64(), Some(located as i64));
+
+    // A blame for a method that is not wired is an error naming it.
+    let p = repo().join("pipelines/credit-benchmark.toml");
+    let out = worker(&store, &["pipeline", "run", p.to_str().unwrap()], &[&sets[..], &["benchmark.blame={\"mc50\" = \"drop\"}"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("scores.mc50") && err.contains("benchmark"), "{err}");
+}

@@ -13,6 +13,8 @@
 //! and `<name>.parquet`, each figure as SVG + PNG. Correlation statistics live in [`stats`].
 
 pub mod correlation;
+pub mod credit_benchmark;
+pub mod first_wrong;
 pub mod mc_sd;
 pub mod stats;
 pub mod truncation;

@@ -11,7 +11,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::artifact::Schema;
+use crate::engine::record::RunRecord;
 use crate::engine::spec::InputSource;
+use crate::engine::store::Store;
 
 /// A builtin stage: reads inputs, writes every declared output.
 pub type BuiltinFn = fn(&mut StageContext) -> anyhow::Result<()>;
@@ -69,6 +71,14 @@ impl StageContext {
             .get(name)
             .map(|(_, p)| p.as_path())
             .ok_or_else(|| anyhow!("stage `{}`: no output `{name}`", self.instance))
+    }
+
+    /// The run record of the instance that produced input `name`, when it came from one in this
+    /// store (`cache_dir` is `<store>/cache`): its counters, e.g. the model cost of a scoring
+    /// stage. None for a file input or a record the store does not have.
+    pub fn upstream_record(&self, name: &str) -> Option<RunRecord> {
+        let InputSource::Instance { key, .. } = self.input_sources.get(name)? else { return None };
+        Store::unopened(self.cache_dir.parent()?).record(key)
     }
 
     pub fn count(&mut self, name: &str, n: i64) {

@@ -1,6 +1,6 @@
 //! Report figures, each written as SVG and PNG from the same drawing code: line charts (learning
-//! curves, value curves R_t / v_t) and the σ heat-map (a trace's segments, one per line, shaded
-//! by their credit σ_t).
+//! curves, value curves R_t / v_t), horizontal bar charts (the credit benchmark's top-1 per method)
+//! and the σ heat-map (a trace's segments, one per line, shaded by their credit σ_t).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -171,6 +171,82 @@ fn draw_heatmap<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, 
 pub fn sigma_heatmap(stem: &Path, title: &str, segments: &[(String, f64)]) -> Result<Vec<PathBuf>> {
     let h = 50 + segments.len().max(1) as u32 * ROW_H as u32;
     both(stem, (HEATMAP_W, h), &Heatmap { title, segments })
+}
+
+/// One bar of a bar chart: a labelled value with a ± error (NaN: none).
+pub struct Bar {
+    pub label: String,
+    pub value: f64,
+    pub error: f64,
+}
+
+struct BarChart<'a> {
+    title: &'a str,
+    x_desc: &'a str,
+    bars: &'a [Bar],
+    /// A labelled horizontal reference line (e.g. chance).
+    line: Option<(&'a str, f64)>,
+}
+
+impl Figure for BarChart<'_> {
+    /// Horizontal bars, one row per bar from the top, its label on the left axis.
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<()> {
+        let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing `{}`: {e}", self.title);
+        root.fill(&WHITE).map_err(e)?;
+        let finite = |x: f64| if x.is_finite() { x } else { 0.0 };
+        let top = self.bars.iter().map(|b| finite(b.value) + finite(b.error)).chain(self.line.map(|l| finite(l.1))).fold(0.0, f64::max);
+        let n = self.bars.len().max(1);
+        // Row i sits at y = n − 1 − i, so the first bar is on top.
+        let y_of = |i: usize| (n - 1 - i) as f64;
+        let labels: Vec<String> = self.bars.iter().map(|b| b.label.clone()).collect();
+        let mut chart = ChartBuilder::on(root)
+            .caption(self.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(130)
+            .build_cartesian_2d(0.0..(top * 1.1).max(1e-3), -0.6..(n as f64 - 0.4))
+            .map_err(e)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc(self.x_desc)
+            .y_labels(n)
+            .y_label_formatter(&|y| {
+                let r = y.round();
+                if (y - r).abs() > 1e-6 || r < 0.0 || r as usize >= n {
+                    return String::new();
+                }
+                labels.get(n - 1 - r as usize).cloned().unwrap_or_default()
+            })
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(e)?;
+        for (i, b) in self.bars.iter().enumerate().filter(|(_, b)| b.value.is_finite()) {
+            let (y, color) = (y_of(i), PALETTE[i % PALETTE.len()]);
+            chart.draw_series(std::iter::once(Rectangle::new([(0.0, y - 0.35), (b.value, y + 0.35)], color.mix(0.8).filled()))).map_err(e)?;
+            if b.error.is_finite() && b.error > 0.0 {
+                chart
+                    .draw_series(std::iter::once(ErrorBar::new_horizontal(y, b.value - b.error, b.value, b.value + b.error, BLACK.stroke_width(1), 10)))
+                    .map_err(e)?;
+            }
+        }
+        if let Some((label, x)) = self.line.filter(|l| l.1.is_finite()) {
+            chart
+                .draw_series(LineSeries::new(vec![(x, -0.6), (x, n as f64 - 0.4)], BLACK.stroke_width(2)))
+                .map_err(e)?
+                .label(format!("{label} = {x:.3}"))
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+            chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).background_style(WHITE.mix(0.85)).border_style(BLACK).label_font(("sans-serif", 14)).draw().map_err(e)?;
+        }
+        Ok(())
+    }
+}
+
+/// A horizontal bar chart (one bar per `bars` from the top, with error bars, and an optional
+/// vertical reference line) as `<stem>.svg` and `<stem>.png`; `x_desc` names the values.
+pub fn bar_chart(stem: &Path, title: &str, x_desc: &str, bars: &[Bar], line: Option<(&str, f64)>) -> Result<Vec<PathBuf>> {
+    let h = 120 + 34 * bars.len().max(1) as u32;
+    both(stem, (900, h), &BarChart { title, x_desc, bars, line })
 }
 
 #[cfg(test)]

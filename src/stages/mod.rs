@@ -38,6 +38,7 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "eval", version: "2", needs_ml: true },
     BuiltinInfo { name: "report", version: "2", needs_ml: false },
     BuiltinInfo { name: "analysis", version: "1", needs_ml: false },
+    BuiltinInfo { name: "credit_benchmark", version: "1", needs_ml: false },
     BuiltinInfo { name: "judge", version: "1", needs_ml: false },
     BuiltinInfo { name: "judge_local", version: "1", needs_ml: true },
 ];
@@ -56,6 +57,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
         "segment" => segment::run,
         "report" => crate::report::run,
         "analysis" => crate::analysis::run,
+        "credit_benchmark" => crate::analysis::credit_benchmark::run,
         "judge" => judge::run,
         _ => return None,
     })

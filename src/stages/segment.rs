@@ -25,7 +25,7 @@ enum OnEmpty {
 }
 
 /// Decoded text of each token (special tokens kept, so `<|im_end|>` is a token of its own).
-fn token_texts(tok: &tokenizers::Tokenizer, ids: &[i32]) -> Result<Vec<String>> {
+pub fn token_texts(tok: &tokenizers::Tokenizer, ids: &[i32]) -> Result<Vec<String>> {
     ids.iter()
         .map(|&id| {
             tok.decode(&[id as u32], false)
