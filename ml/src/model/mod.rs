@@ -28,7 +28,7 @@ use tch::{Device, Kind};
 pub use config::{Arch, ModelConfig};
 pub use decoder::DecoderLm;
 pub use error::{ModelError, Result};
-pub use generate::{generate, generate_continuous, FinishReason, Generation, SamplingParams};
+pub use generate::{generate, generate_continuous, prefill_completion, FinishReason, Generation, Prefilled, SamplingParams};
 pub use layers::KvCache;
 pub use score::{
     embedding_grad_l1, logprob, score_cuts, score_cuts_many, score_cuts_naive, score_cuts_reusing, CutRequest, PrefixReuse,
