@@ -227,6 +227,13 @@ impl HttpSampler {
             .build()
             .into();
         let mut vars = vec![("policy", path.display().to_string()), ("policy_hash", hash.clone()), ("seed", seed.to_string()), ("rredcot", rredcot_exe())];
+        if params.server_command.trim().is_empty() && render(&params.served_model, &vars).is_empty() {
+            bail!(
+                "stage `{stage}`: served_model is empty, so nothing ties the server at {} to the policy {}; set served_model (e.g. \"{{policy_hash}}\")",
+                params.base_url,
+                &hash[..12.min(hash.len())]
+            );
+        }
         let (base, server) = if params.server_command.trim().is_empty() {
             if params.base_url.trim().is_empty() {
                 bail!("stage `{stage}`: backend = \"http\" needs server_command (an engine to start) or base_url (a running one)");
@@ -265,9 +272,7 @@ impl HttpSampler {
         let expected = render(&s.params.served_model, &vars);
         let ids: Vec<&str> = models.iter().filter_map(|m| m.get("id").and_then(Value::as_str)).collect();
         let chosen = if expected.is_empty() {
-            if s.server.is_none() {
-                bail!("stage `{}`: served_model is empty, so nothing ties the server at {} to the policy {}; set served_model (e.g. \"{{policy_hash}}\")", s.stage, s.base, &hash[..12.min(hash.len())]);
-            }
+            // Only for an engine the stage started over the policy itself (checked above).
             models.first()
         } else {
             models.iter().find(|m| m.get("id").and_then(Value::as_str) == Some(expected.as_str()))
