@@ -207,6 +207,8 @@ pub struct HttpSampler {
     pub engine: String,
     pub engine_version: String,
     server: Option<EngineServer>,
+    /// Seconds from opening to the first answer of `/v1/models` (the engine's start).
+    pub startup_s: f64,
     pub requests: AtomicI64,
     pub retried: AtomicI64,
 }
@@ -216,6 +218,7 @@ impl HttpSampler {
     /// `base_url`), waits until it answers and checks that it serves the policy.
     pub fn open(ctx: &StageContext, policy: &str) -> Result<HttpSampler> {
         let params = HttpParams::from_ctx(ctx)?;
+        let opened = Instant::now();
         let stage = ctx.instance.clone();
         let path = ctx.input(policy)?.canonicalize().with_context(|| format!("stage `{stage}`: input `{policy}`"))?;
         let hash = ctx.input_hash(policy)?.to_string();
@@ -265,10 +268,12 @@ impl HttpSampler {
             engine: String::new(),
             engine_version: String::new(),
             server,
+            startup_s: 0.0,
             requests: AtomicI64::new(0),
             retried: AtomicI64::new(0),
         };
         let models = s.wait_ready()?;
+        s.startup_s = opened.elapsed().as_secs_f64();
         let expected = render(&s.params.served_model, &vars);
         let ids: Vec<&str> = models.iter().filter_map(|m| m.get("id").and_then(Value::as_str)).collect();
         let chosen = if expected.is_empty() {
@@ -340,7 +345,7 @@ impl HttpSampler {
                 let log = self.server.as_ref().map(|s| format!("; the engine's log ends:\n{}", log_tail(&s.log))).unwrap_or_default();
                 bail!("stage `{}`: the server at {} did not answer{waited}: {last}{log}", self.stage, self.base);
             }
-            std::thread::sleep(Duration::from_millis(250));
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 

@@ -391,6 +391,7 @@ fn sample_http(
     ctx.metric("engine_version", engine.engine_version.clone());
     ctx.metric("engine_url", engine.url().to_string());
     ctx.metric("engine_model", engine.model().to_string());
+    ctx.metric("engine_startup_s", engine.startup_s);
     Ok(out)
 }
 
