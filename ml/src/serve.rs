@@ -33,6 +33,8 @@ use crate::model::{self, ChatMessage, DecoderLm, LoadOptions, SamplingParams, To
 
 /// Largest request body read (bytes).
 const MAX_BODY: u64 = 16 << 20;
+/// How long the server waits for more requests to batch with the first one.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
 /// Largest `n` per request.
 const MAX_N: usize = 16;
 
@@ -518,8 +520,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     loop {
         let first = server.recv().context("accepting a request")?;
         let mut batch = vec![first];
+        // Requests sent together arrive over a few milliseconds: wait that long for the rest of
+        // a batch rather than starting a batch of one.
         while batch.len() < state.max_batch {
-            match server.try_recv().context("accepting a request")? {
+            match server.recv_timeout(GATHER).context("accepting a request")? {
                 Some(r) => batch.push(r),
                 None => break,
             }
