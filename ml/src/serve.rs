@@ -2,14 +2,22 @@
 //! any OpenAI client) can use a trained checkpoint or a GGUF model.
 //!
 //! Endpoints: `POST /v1/chat/completions` (`messages`, `temperature`, `top_p`, `top_k`,
-//! `max_tokens` / `max_completion_tokens`, `n`, `seed`, `stop`; no streaming), `GET /v1/models`,
-//! `GET /health`. Responses have OpenAI's shapes; a bad request gets HTTP 400 with an OpenAI-style
-//! `{"error": {...}}` body, never a crash.
+//! `max_tokens` / `max_completion_tokens`, `n`, `seed`, `stop`, `stop_token_ids`; no streaming),
+//! `POST /v1/completions` (the same, with `prompt` as a string or a list of token ids, plus
+//! `logprobs` = how many top tokens per position, `return_tokens_as_token_ids` (tokens as
+//! `"token_id:123"`, as vLLM writes them) and `return_token_ids` (each choice's `token_ids`)),
+//! `GET /v1/models`, `GET /version`, `GET /health`. Responses have OpenAI's shapes; a bad request
+//! gets HTTP 400 with an OpenAI-style `{"error": {...}}` body, never a crash.
+//!
+//! A completion's `token_logprobs` are those the sampler drew from (softmax(logits / T) after
+//! top-k and top-p, as the built-in rollout records them); its `top_logprobs` come from one
+//! prefill of the finished completion under that same distribution (only when `logprobs` > 0).
 //!
 //! One model, one generating thread: requests that arrive while a batch generates wait in the
 //! listener's queue and are taken together next time; those with equal sampling params are
 //! generated as one batch (up to `--max-batch` sequences). Choice i of a request samples with seed
-//! `seed + i` (a random seed when the request has none). Rows are left-padded in a batch, so a
+//! `seed + i` (vLLM's convention; a random seed when the request has none), so a request with
+//! `n = 1` and a row's seed samples exactly that row of the built-in rollout. Rows are left-padded in a batch, so a
 //! reply can differ in the last bits between a batched and a lone request; the judge's response
 //! cache is what makes reruns reproducible.
 
@@ -25,6 +33,8 @@ use crate::model::{self, ChatMessage, DecoderLm, LoadOptions, SamplingParams, To
 
 /// Largest request body read (bytes).
 const MAX_BODY: u64 = 16 << 20;
+/// How long the server waits for more requests to batch with the first one.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
 /// Largest `n` per request.
 const MAX_N: usize = 16;
 
@@ -73,11 +83,7 @@ fn content_text(v: &Value, i: usize) -> Result<String, ApiError> {
 /// Parses and validates a chat completion request; `max_new_tokens` is the server's default and
 /// upper bound for `max_tokens`.
 pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("request body is not JSON: {e}")))?;
-    let obj = v.as_object().ok_or_else(|| bad("request body must be a JSON object"))?;
-    if obj.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(bad("stream = true is not supported"));
-    }
+    let obj = body_object(body)?;
     let msgs = obj.get("messages").and_then(Value::as_array).ok_or_else(|| bad("`messages` (an array) is required"))?;
     if msgs.is_empty() {
         return Err(bad("`messages` is empty"));
@@ -94,6 +100,22 @@ pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiErr
             Ok(ChatMessage::new(role, &content_text(m.get("content").unwrap_or(&Value::Null), i)?))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
+    Ok(ChatBody { messages, sampling, n, seed })
+}
+
+/// A request body as a JSON object (streaming refused).
+fn body_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("request body is not JSON: {e}")))?;
+    let Value::Object(obj) = v else { return Err(bad("request body must be a JSON object")) };
+    if obj.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(bad("stream = true is not supported"));
+    }
+    Ok(obj)
+}
+
+/// The sampling fields both endpoints share: params, `n` and `seed`.
+fn parse_sampling(obj: &serde_json::Map<String, Value>, max_new_tokens: usize) -> Result<(SamplingParams, usize, Option<u64>), ApiError> {
     let num = |name: &str, default: f64| -> Result<f64, ApiError> {
         match obj.get(name) {
             None | Some(Value::Null) => Ok(default),
@@ -141,19 +163,111 @@ pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiErr
     if stop_strings.iter().any(String::is_empty) {
         return Err(bad("`stop` strings must not be empty"));
     }
-    let sampling = SamplingParams { temperature, top_p, top_k, max_new_tokens: max_tokens, stop_strings, stop_token_ids: vec![] };
-    Ok(ChatBody { messages, sampling, n, seed: int("seed")? })
+    let stop_token_ids = match obj.get("stop_token_ids") {
+        None | Some(Value::Null) => vec![],
+        Some(v) => token_ids(v).ok_or_else(|| bad("`stop_token_ids` must be an array of token ids"))?,
+    };
+    let sampling = SamplingParams { temperature, top_p, top_k, max_new_tokens: max_tokens, stop_strings, stop_token_ids };
+    Ok((sampling, n, int("seed")?))
 }
 
-/// A chat request ready to generate.
+/// A JSON array of non-negative integers as token ids.
+fn token_ids(v: &Value) -> Option<Vec<i64>> {
+    v.as_array()?.iter().map(|x| x.as_u64().and_then(|t| i64::try_from(t).ok())).collect()
+}
+
+/// Most top tokens per position a completion request may ask for (`logprobs`).
+const MAX_LOGPROBS: usize = 20;
+
+/// A completion's prompt: text (tokenized without a chat template) or token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Ids(Vec<i64>),
+}
+
+/// How a `/v1/completions` reply reports tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompletionFormat {
+    /// `logprobs`: `None` = no logprobs object; `Some(k)` = chosen-token logprobs and the top k.
+    pub logprobs: Option<usize>,
+    /// `return_tokens_as_token_ids`: tokens written `"token_id:123"`.
+    pub ids_as_tokens: bool,
+    /// `return_token_ids`: each choice carries its `token_ids`.
+    pub return_ids: bool,
+}
+
+/// A parsed `/v1/completions` body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionBody {
+    pub prompt: PromptInput,
+    pub sampling: SamplingParams,
+    pub n: usize,
+    pub seed: Option<u64>,
+    pub format: CompletionFormat,
+}
+
+/// Parses and validates a completion request (one prompt per request); `max_new_tokens` as in
+/// [`parse_chat`].
+pub fn parse_completion(body: &[u8], max_new_tokens: usize) -> Result<CompletionBody, ApiError> {
+    let obj = body_object(body)?;
+    let one = "`prompt` must be a string or a list of token ids (one prompt per request)";
+    let prompt = match obj.get("prompt") {
+        None | Some(Value::Null) => return Err(bad("`prompt` is required")),
+        Some(Value::String(s)) => PromptInput::Text(s.clone()),
+        Some(Value::Array(a)) if a.len() == 1 && !a[0].is_number() => match &a[0] {
+            Value::String(s) => PromptInput::Text(s.clone()),
+            v => PromptInput::Ids(token_ids(v).ok_or_else(|| bad(one))?),
+        },
+        Some(v) => PromptInput::Ids(token_ids(v).ok_or_else(|| bad(one))?),
+    };
+    if matches!(&prompt, PromptInput::Ids(ids) if ids.is_empty()) || matches!(&prompt, PromptInput::Text(t) if t.is_empty()) {
+        return Err(bad("`prompt` is empty"));
+    }
+    if obj.get("echo").and_then(Value::as_bool) == Some(true) {
+        return Err(bad("echo = true is not supported"));
+    }
+    if obj.get("best_of").and_then(Value::as_u64).is_some_and(|b| b > 1) {
+        return Err(bad("best_of is not supported"));
+    }
+    let logprobs = match obj.get("logprobs") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(k) if k as usize <= MAX_LOGPROBS => Some(k as usize),
+            _ => return Err(bad(format!("`logprobs` must be an integer in 0..={MAX_LOGPROBS}"))),
+        },
+    };
+    let flag = |name: &str| -> Result<bool, ApiError> {
+        match obj.get(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(v) => v.as_bool().ok_or_else(|| bad(format!("`{name}` must be a boolean"))),
+        }
+    };
+    let format = CompletionFormat { logprobs, ids_as_tokens: flag("return_tokens_as_token_ids")?, return_ids: flag("return_token_ids")? };
+    let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
+    Ok(CompletionBody { prompt, sampling, n, seed, format })
+}
+
+/// What a request is answered with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reply {
+    Chat,
+    Completion(CompletionFormat),
+}
+
+/// A request ready to generate.
 struct Job {
     request: Request,
+    reply: Reply,
     prompt: Vec<i64>,
     sampling: SamplingParams,
     n: usize,
     seed: u64,
     started: Instant,
 }
+
+/// A request checked and tokenized: reply kind, prompt ids, sampling params, n, seed.
+type Prepared = (Reply, Vec<i64>, SamplingParams, usize, u64);
 
 struct State {
     model: DecoderLm,
@@ -189,19 +303,21 @@ impl State {
                 respond(req, 200, &body);
             }
             (Method::Get, "/health") => respond(req, 200, &json!({ "status": "ok" })),
-            (Method::Post, "/v1/chat/completions") => {
+            (Method::Get, "/version") => respond(req, 200, &json!({ "version": env!("CARGO_PKG_VERSION"), "engine": "rredcot" })),
+            (Method::Post, "/v1/chat/completions" | "/v1/completions") => {
                 let started = Instant::now();
                 let mut body = Vec::new();
                 if let Err(e) = req.as_reader().take(MAX_BODY).read_to_end(&mut body) {
                     respond(req, 400, &error_body(&bad(format!("reading the request body: {e}"))));
                     return None;
                 }
-                match self.prepare(&body) {
-                    Ok((prompt, sampling, n, seed)) => return Some(Job { request: req, prompt, sampling, n, seed, started }),
+                let prepared = if path == "/v1/completions" { self.prepare_completion(&body) } else { self.prepare(&body) };
+                match prepared {
+                    Ok((reply, prompt, sampling, n, seed)) => return Some(Job { request: req, reply, prompt, sampling, n, seed, started }),
                     Err(e) => respond(req, e.status, &error_body(&e)),
                 }
             }
-            (_, "/v1/models" | "/health" | "/v1/chat/completions") => {
+            (_, "/v1/models" | "/health" | "/version" | "/v1/chat/completions" | "/v1/completions") => {
                 respond(req, 405, &error_body(&ApiError { status: 405, message: format!("method not allowed on {path}") }))
             }
             _ => respond(req, 404, &error_body(&ApiError { status: 404, message: format!("no route {path}") })),
@@ -209,22 +325,41 @@ impl State {
         None
     }
 
-    /// Prompt ids, sampling params (`max_tokens` clamped to the context), n and seed of a body.
-    fn prepare(&mut self, body: &[u8]) -> Result<(Vec<i64>, SamplingParams, usize, u64), ApiError> {
+    /// Reply kind, prompt ids, sampling params (`max_tokens` clamped to the context), n and seed
+    /// of a chat body.
+    fn prepare(&mut self, body: &[u8]) -> Result<Prepared, ApiError> {
         let chat = parse_chat(body, self.max_new_tokens)?;
         let prompt = self.tok.encode_chat(&chat.messages, true).map_err(|e| bad(format!("tokenizing the messages: {e}")))?;
+        self.admit(Reply::Chat, prompt, chat.sampling, chat.n, chat.seed)
+    }
+
+    /// [`State::prepare`] for a `/v1/completions` body.
+    fn prepare_completion(&mut self, body: &[u8]) -> Result<Prepared, ApiError> {
+        let c = parse_completion(body, self.max_new_tokens)?;
+        let prompt = match c.prompt {
+            PromptInput::Text(t) => self.tok.encode(&t).map_err(|e| bad(format!("tokenizing the prompt: {e}")))?,
+            PromptInput::Ids(ids) => ids,
+        };
+        let vocab = self.model.cfg.vocab_size;
+        if let Some(t) = prompt.iter().chain(&c.sampling.stop_token_ids).find(|&&t| t >= vocab) {
+            return Err(bad(format!("token id {t} is outside the model's vocabulary of {vocab}")));
+        }
+        self.admit(Reply::Completion(c.format), prompt, c.sampling, c.n, c.seed)
+    }
+
+    /// Checks the prompt against the context, clamps `max_tokens` to it and draws a seed.
+    fn admit(&mut self, reply: Reply, prompt: Vec<i64>, mut sampling: SamplingParams, n: usize, seed: Option<u64>) -> Result<Prepared, ApiError> {
         let context = self.model.cfg.max_position_embeddings as usize;
         if prompt.len() >= context {
             return Err(bad(format!("the prompt is {} tokens; the model's context is {context}", prompt.len())));
         }
-        let mut sampling = chat.sampling;
         sampling.max_new_tokens = sampling.max_new_tokens.min(context - prompt.len());
         self.served += 1;
-        let seed = chat.seed.unwrap_or_else(|| {
+        let seed = seed.unwrap_or_else(|| {
             let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
             t ^ self.served.wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
-        Ok((prompt, sampling, chat.n, seed))
+        Ok((reply, prompt, sampling, n, seed))
     }
 
     /// Generates every row of jobs that share sampling params, in batches of `max_batch` rows.
@@ -260,21 +395,22 @@ impl State {
             Ok(gens) => {
                 for (job, gens) in jobs.into_iter().zip(gens) {
                     let completion: usize = gens.iter().map(|g| g.tokens.len()).sum();
-                    let choices: Vec<Value> = gens
-                        .iter()
-                        .enumerate()
-                        .map(|(i, g)| {
-                            json!({
-                                "index": i,
-                                "message": { "role": "assistant", "content": g.text.clone().unwrap_or_default() },
-                                "finish_reason": g.finish_reason.as_str(),
-                                "logprobs": null,
-                            })
-                        })
-                        .collect();
+                    let choices: Result<Vec<Value>, String> = gens.iter().enumerate().map(|(i, g)| self.choice(&job, i, g)).collect();
+                    let choices = match choices {
+                        Ok(c) => c,
+                        Err(msg) => {
+                            tracing::error!("{msg}");
+                            respond(job.request, 500, &error_body(&ApiError { status: 500, message: msg }));
+                            continue;
+                        }
+                    };
+                    let (id, object) = match job.reply {
+                        Reply::Chat => (format!("chatcmpl-{:x}-{:x}", self.created, job.seed), "chat.completion"),
+                        Reply::Completion(_) => (format!("cmpl-{:x}-{:x}", self.created, job.seed), "text_completion"),
+                    };
                     let body = json!({
-                        "id": format!("chatcmpl-{:x}-{:x}", self.created, job.seed),
-                        "object": "chat.completion",
+                        "id": id,
+                        "object": object,
                         "created": now_s(),
                         "model": self.name,
                         "choices": choices,
@@ -284,11 +420,60 @@ impl State {
                             "total_tokens": job.prompt.len() + completion,
                         },
                     });
-                    tracing::info!("chat completion: n={} {completion} tokens in {:.2}s", job.n, job.started.elapsed().as_secs_f64());
+                    tracing::info!("{object}: n={} {completion} tokens in {:.2}s", job.n, job.started.elapsed().as_secs_f64());
                     respond(job.request, 200, &body);
                 }
             }
         }
+    }
+
+    /// Choice `i` of a job's reply.
+    fn choice(&self, job: &Job, i: usize, g: &model::Generation) -> Result<Value, String> {
+        let text = g.text.clone().unwrap_or_default();
+        let finish = g.finish_reason.as_str();
+        let Reply::Completion(format) = job.reply else {
+            return Ok(json!({ "index": i, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "logprobs": null }));
+        };
+        let mut choice = json!({ "index": i, "text": text, "finish_reason": finish, "logprobs": null });
+        if format.return_ids {
+            choice["token_ids"] = json!(g.tokens);
+        }
+        if let Some(k) = format.logprobs {
+            let name = |t: i64| -> Result<String, String> {
+                if format.ids_as_tokens {
+                    Ok(format!("token_id:{t}"))
+                } else {
+                    self.tok.decode(&[t], false).map_err(|e| format!("decoding token {t}: {e}"))
+                }
+            };
+            // The top k of each position's sampling distribution, from one prefill of the choice.
+            let top = if k > 0 {
+                let f = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model::prefill_completion(&self.model, &job.prompt, &g.tokens, &job.sampling, k)))
+                    .map_err(|_| "the top-logprobs prefill panicked".to_string())?
+                    .map_err(|e| format!("the top-logprobs prefill failed: {e}"))?;
+                f.top
+            } else {
+                vec![Vec::new(); g.tokens.len()]
+            };
+            let tokens: Vec<String> = g.tokens.iter().map(|&t| name(t)).collect::<Result<_, _>>()?;
+            let mut offsets = Vec::with_capacity(tokens.len());
+            let mut at = 0usize;
+            for (t, &id) in tokens.iter().zip(&g.tokens) {
+                offsets.push(at);
+                at += if format.ids_as_tokens { self.tok.decode(&[id], false).map(|s| s.chars().count()).unwrap_or(0) } else { t.chars().count() };
+            }
+            let mut top_json = Vec::with_capacity(top.len());
+            for ((pos, &chosen), &lp) in top.iter().zip(&g.tokens).zip(&g.logprobs) {
+                let mut m = serde_json::Map::new();
+                for &(t, l) in pos {
+                    m.insert(name(t)?, json!(l));
+                }
+                m.insert(name(chosen)?, json!(lp));
+                top_json.push(Value::Object(m));
+            }
+            choice["logprobs"] = json!({ "tokens": tokens, "token_logprobs": g.logprobs, "top_logprobs": top_json, "text_offset": offsets });
+        }
+        Ok(choice)
     }
 
     /// Handles the requests taken together: generation batched by equal sampling params.
@@ -335,8 +520,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     loop {
         let first = server.recv().context("accepting a request")?;
         let mut batch = vec![first];
+        // Requests sent together arrive over a few milliseconds: wait that long for the rest of
+        // a batch rather than starting a batch of one.
         while batch.len() < state.max_batch {
-            match server.try_recv().context("accepting a request")? {
+            match server.recv_timeout(GATHER).context("accepting a request")? {
                 Some(r) => batch.push(r),
                 None => break,
             }
@@ -364,6 +551,29 @@ mod tests {
         assert_eq!((b.sampling.temperature, b.sampling.top_p, b.sampling.top_k), (0.0, 0.9, 5));
         assert_eq!((b.sampling.max_new_tokens, b.n, b.seed), (64, 3, Some(7)));
         assert_eq!(b.sampling.stop_strings, vec!["\n\n".to_string()]);
+    }
+
+    #[test]
+    fn completion_bodies_take_token_ids_or_text_and_logprob_options() {
+        let b = parse_completion(br#"{"model":"m","prompt":[5,6,7],"n":4,"seed":18446744073709551615,"logprobs":0,"return_tokens_as_token_ids":true,"stop_token_ids":[2]}"#, 64).unwrap();
+        assert_eq!((b.prompt, b.n, b.seed), (PromptInput::Ids(vec![5, 6, 7]), 4, Some(u64::MAX)));
+        assert_eq!(b.format, CompletionFormat { logprobs: Some(0), ids_as_tokens: true, return_ids: false });
+        assert_eq!(b.sampling.stop_token_ids, vec![2]);
+        assert_eq!(parse_completion(br#"{"prompt":[[5,6]],"return_token_ids":true}"#, 64).unwrap().prompt, PromptInput::Ids(vec![5, 6]));
+        let b = parse_completion(br#"{"prompt":"2+2=","max_tokens":3,"logprobs":5}"#, 64).unwrap();
+        assert_eq!((b.prompt, b.sampling.max_new_tokens, b.format.logprobs), (PromptInput::Text("2+2=".into()), 3, Some(5)));
+        for (body, want) in [
+            (&br#"{"n":2}"#[..], "`prompt` is required"),
+            (br#"{"prompt":[]}"#, "empty"),
+            (br#"{"prompt":[[1],[2]]}"#, "one prompt per request"),
+            (br#"{"prompt":[1,-2]}"#, "token ids"),
+            (br#"{"prompt":[1],"logprobs":50}"#, "logprobs"),
+            (br#"{"prompt":[1],"echo":true}"#, "echo"),
+            (br#"{"prompt":[1],"return_tokens_as_token_ids":"yes"}"#, "boolean"),
+        ] {
+            let e = parse_completion(body, 16).unwrap_err();
+            assert!(e.status == 400 && e.message.contains(want), "{}: {}", String::from_utf8_lossy(body), e.message);
+        }
     }
 
     #[test]

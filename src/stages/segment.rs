@@ -87,6 +87,14 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             bail!("{}: logprob of token {i} is {}", at(), r.logprobs[i]);
         }
         if method != Method::Keyword {
+            if r.entropies.iter().all(|e| e.is_nan()) {
+                bail!(
+                    "{}: the rollout has no entropies (sampled by an engine with entropies = \"none\"); {} segmentation needs them: \
+                     rerun the rollout with entropies = \"prefill\" (exact) or \"topk\" (estimate), or segment with method = \"keyword\"",
+                    at(),
+                    method.as_str()
+                );
+            }
             if let Some(i) = r.entropies.iter().position(|e| !e.is_finite()) {
                 bail!("{}: entropy of token {i} is {}", at(), r.entropies[i]);
             }

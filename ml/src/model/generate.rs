@@ -91,6 +91,37 @@ pub struct Generation {
     pub text: Option<String>,
 }
 
+/// Log-probabilities of the sampling distribution over `logits: [.., V]` (float32): softmax of
+/// logits / T after top-k and top-p filtering (filtered tokens get -inf); for greedy decoding
+/// (`temperature == 0`) those of the unmodified distribution.
+fn sampling_logp(logits: &Tensor, p: &SamplingParams) -> Tensor {
+    if p.temperature <= 0.0 {
+        return logits.log_softmax(-1, Kind::Float);
+    }
+    let mut scaled = logits / p.temperature;
+    let v = *scaled.size().last().expect("logits have a vocabulary dimension");
+    if p.top_k > 0 && p.top_k < v {
+        let (vals, _) = scaled.topk(p.top_k, -1, true, true);
+        let kth = vals.narrow(-1, p.top_k - 1, 1);
+        scaled = scaled.masked_fill(&scaled.lt_tensor(&kth), f64::NEG_INFINITY);
+    }
+    if p.top_p < 1.0 {
+        let (sorted, idx) = scaled.sort(-1, true);
+        let probs = sorted.softmax(-1, Kind::Float);
+        // Drop a token when the mass before it already reaches top_p (keeps >= 1 token).
+        let before = probs.cumsum(-1, Kind::Float) - &probs;
+        let drop_sorted = before.ge(p.top_p);
+        let drop = drop_sorted.scatter(-1, &idx, &drop_sorted);
+        scaled = scaled.masked_fill(&drop, f64::NEG_INFINITY);
+    }
+    scaled.log_softmax(-1, Kind::Float)
+}
+
+/// Entropy of each distribution of `logp: [.., V]` (its last dimension).
+fn entropy_of(logp: &Tensor) -> Tensor {
+    -(logp.exp() * logp.clamp_min(MASKED)).sum_dim_intlist(-1, false, Kind::Float)
+}
+
 /// Samples the next token of every row from `logits: [B, V]` (float32); `uniforms: [B]`.
 /// Returns `(tokens [B], logprobs [B], entropies [B], finite [B])`.
 fn sample_step(
@@ -100,42 +131,82 @@ fn sample_step(
 ) -> (Tensor, Tensor, Tensor, Tensor) {
     let finite = logits.isfinite().all_dim(-1, false);
     let logits = logits.nan_to_num(0.0, 0.0, 0.0);
-    let (token, logp) = if p.temperature <= 0.0 {
-        (
-            logits.argmax(-1, false),
-            logits.log_softmax(-1, Kind::Float),
-        )
+    let logp = sampling_logp(&logits, p);
+    let token = if p.temperature <= 0.0 {
+        logits.argmax(-1, false)
     } else {
-        let mut scaled = &logits / p.temperature;
-        let v = scaled.size()[1];
-        if p.top_k > 0 && p.top_k < v {
-            let (vals, _) = scaled.topk(p.top_k, -1, true, true);
-            let kth = vals.narrow(1, p.top_k - 1, 1);
-            scaled = scaled.masked_fill(&scaled.lt_tensor(&kth), f64::NEG_INFINITY);
-        }
-        if p.top_p < 1.0 {
-            let (sorted, idx) = scaled.sort(-1, true);
-            let probs = sorted.softmax(-1, Kind::Float);
-            // Drop a token when the mass before it already reaches top_p (keeps >= 1 token).
-            let before = probs.cumsum(-1, Kind::Float) - &probs;
-            let drop_sorted = before.ge(p.top_p);
-            let drop = drop_sorted.scatter(-1, &idx, &drop_sorted);
-            scaled = scaled.masked_fill(&drop, f64::NEG_INFINITY);
-        }
-        let logp = scaled.log_softmax(-1, Kind::Float);
+        let v = logits.size()[1];
         let cdf = logp.exp().cumsum(-1, Kind::Float);
         // Inverse-CDF sampling with the row's own uniform; clamp guards the cdf's last value
         // falling a rounding error below u.
-        let token = cdf
-            .lt_tensor(&uniforms.unsqueeze(-1))
+        cdf.lt_tensor(&uniforms.unsqueeze(-1))
             .sum_dim_intlist(-1, false, Kind::Int64)
-            .clamp_max(v - 1);
-        (token, logp)
+            .clamp_max(v - 1)
     };
     let chosen = logp.gather(-1, &token.unsqueeze(-1), false).squeeze_dim(-1);
-    let probs = logp.exp();
-    let entropy = -(probs * logp.clamp_min(MASKED)).sum_dim_intlist(-1, false, Kind::Float);
+    let entropy = entropy_of(&logp);
     (token, chosen, entropy, finite)
+}
+
+/// A finished completion scored by one prefill: per completion token, its logprob and the entropy
+/// of the sampling distribution it was drawn from (as [`generate`] records them), and the `top`
+/// most likely tokens of that distribution with their logprobs (filtered tokens left out).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prefilled {
+    pub logprobs: Vec<f32>,
+    pub entropies: Vec<f32>,
+    pub top: Vec<Vec<(i64, f32)>>,
+}
+
+/// Scores `completion` after `prompt` under the sampling distribution of `p` in one forward pass
+/// (the exact entropies of a completion sampled elsewhere, e.g. by an inference engine).
+pub fn prefill_completion(
+    model: &DecoderLm,
+    prompt: &[i64],
+    completion: &[i64],
+    p: &SamplingParams,
+    top: usize,
+) -> Result<Prefilled> {
+    if prompt.is_empty() {
+        return Err(ModelError::Request("empty prompt".into()));
+    }
+    if completion.is_empty() {
+        return Ok(Prefilled { logprobs: vec![], entropies: vec![], top: vec![] });
+    }
+    model.check_ids(prompt, 0, completion.len())?;
+    model.check_ids(completion, 0, prompt.len())?;
+    let dev = model.device();
+    let ids: Vec<i64> = prompt.iter().chain(completion).copied().collect();
+    let len = ids.len() as i64;
+    let c = completion.len() as i64;
+    tch::no_grad(|| {
+        let input = Tensor::from_slice(&ids).view([1, len]).to_device(dev);
+        let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
+        let h = model.hidden(&input, &pos, &AttnMask::Causal, None);
+        let logits = model.logits(&h.narrow(1, len - c - 1, c).squeeze_dim(0)).to_kind(Kind::Float);
+        if logits.isfinite().all().int64_value(&[]) == 0 {
+            return Err(ModelError::NonFinite { row: 0, step: 0 });
+        }
+        let logp = sampling_logp(&logits, p);
+        let target = Tensor::from_slice(completion).to_device(dev);
+        let chosen = logp.gather(-1, &target.unsqueeze(-1), false).squeeze_dim(-1);
+        let entropy = entropy_of(&logp);
+        let to_vec = |t: Tensor| Vec::<f32>::try_from(t.to_device(Device::Cpu).view([-1]))
+            .map_err(|e| ModelError::Request(format!("reading prefill logprobs: {e}")));
+        let mut top_rows = vec![Vec::new(); completion.len()];
+        let k = (top as i64).min(logp.size()[1]);
+        if k > 0 {
+            let (vals, idx) = logp.topk(k, -1, true, true);
+            let vals = to_vec(vals)?;
+            let idx = Vec::<i64>::try_from(idx.to_device(Device::Cpu).view([-1]))
+                .map_err(|e| ModelError::Request(format!("reading prefill top tokens: {e}")))?;
+            for (i, row) in top_rows.iter_mut().enumerate() {
+                let at = i * k as usize;
+                *row = (at..at + k as usize).filter(|&j| vals[j].is_finite()).map(|j| (idx[j], vals[j])).collect();
+            }
+        }
+        Ok(Prefilled { logprobs: to_vec(chosen)?, entropies: to_vec(entropy)?, top: top_rows })
+    })
 }
 
 /// Steps between host reads of the sampled tokens on `dev`: a read waits for the device queue,
@@ -837,6 +908,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_prefill_of_a_finished_completion_gives_its_sampling_logprobs_and_entropies() {
+        let m = tiny_model(Arch::Qwen2, 51);
+        let (prompts, seeds) = ragged_prompts(4, m.cfg.vocab_size);
+        for t in [0.0, 0.7, 1.0] {
+            let p = params(t);
+            let gens = generate(&m, None, &prompts, &seeds, &p).unwrap();
+            for (row, (pr, g)) in prompts.iter().zip(&gens).enumerate() {
+                let f = prefill_completion(&m, pr, &g.tokens, &p, 5).unwrap();
+                assert_eq!((f.logprobs.len(), f.entropies.len(), f.top.len()), (g.tokens.len(), g.tokens.len(), g.tokens.len()));
+                for (x, y) in f.logprobs.iter().zip(&g.logprobs).chain(f.entropies.iter().zip(&g.entropies)) {
+                    assert!((x - y).abs() < 1e-4, "T={t} row {row}: {x} vs {y}");
+                }
+                for (i, top) in f.top.iter().enumerate() {
+                    assert!(!top.is_empty() && top.len() <= 5 && top.windows(2).all(|w| w[0].1 >= w[1].1), "T={t} row {row} token {i}: {top:?}");
+                    if t == 0.0 {
+                        assert_eq!(top[0].0, g.tokens[i], "greedy: the chosen token is the most likely");
+                    }
+                }
+            }
+        }
+        assert!(prefill_completion(&m, &[], &[1], &params(1.0), 0).is_err());
     }
 
     #[test]

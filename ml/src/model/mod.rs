@@ -28,7 +28,7 @@ use tch::{Device, Kind};
 pub use config::{Arch, ModelConfig};
 pub use decoder::DecoderLm;
 pub use error::{ModelError, Result};
-pub use generate::{generate, generate_continuous, FinishReason, Generation, SamplingParams};
+pub use generate::{generate, generate_continuous, prefill_completion, FinishReason, Generation, Prefilled, SamplingParams};
 pub use layers::KvCache;
 pub use score::{
     embedding_grad_l1, logprob, score_cuts, score_cuts_many, score_cuts_naive, score_cuts_reusing, CutRequest, PrefixReuse,
@@ -128,23 +128,26 @@ fn eos_ids(dir: &Path, cfg: &ModelConfig) -> Result<Vec<i64>> {
     })
 }
 
+/// The config and tokenizer of a Hugging Face checkpoint directory, without its weights (what a
+/// stage that samples through an inference engine needs).
+pub fn load_config(dir: &Path) -> Result<(ModelConfig, Option<Tokenizer>)> {
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let tok_path = dir.join("tokenizer.json");
+    let tokenizer = if tok_path.exists() {
+        Some(Tokenizer::from_file(&tok_path, default_template(cfg.arch), eos_ids(dir, &cfg)?)?)
+    } else {
+        None
+    };
+    Ok((cfg, tokenizer))
+}
+
 /// Loads a Hugging Face checkpoint directory or a `.gguf` file.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let device = opts.device()?;
     let (mut model, tokenizer) = if path.is_dir() {
-        let cfg = ModelConfig::from_file(&path.join("config.json"))?;
+        let (cfg, tokenizer) = load_config(path)?;
         let mut model = DecoderLm::new(&cfg, device);
         weights::load_safetensors_dir(&mut model, path)?;
-        let tok_path = path.join("tokenizer.json");
-        let tokenizer = if tok_path.exists() {
-            Some(Tokenizer::from_file(
-                &tok_path,
-                default_template(cfg.arch),
-                eos_ids(path, &cfg)?,
-            )?)
-        } else {
-            None
-        };
         (model, tokenizer)
     } else {
         let g = gguf::GgufModel::load(path, device)?;

@@ -12,7 +12,7 @@ use rredcot::evaluation::{summarize, Grader};
 use rredcot::stages::prompt_text::prompt_text;
 
 use super::sampling::{plan_jobs, sample_jobs, sampling_params, split_answer, window, OnBadPrompt, Thinking};
-use super::{load_policy, set_threads};
+use super::{load_sampler, set_threads};
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     set_threads(ctx)?;
@@ -34,15 +34,15 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if benchmarks.is_empty() {
         bail!("stage `{}`: no benchmark to evaluate (wire inputs `benchmarks.<name> = \"stage.prompts\"`)", ctx.instance);
     }
-    let (model, tok) = load_policy(ctx, "policy")?;
-    let context = model.cfg.max_position_embeddings as usize;
+    let (sampler, tok) = load_sampler(ctx, "policy")?;
+    let context = sampler.context();
 
     let mut rows = Vec::new();
     let mut unclosed = 0i64;
     for (bench, path) in &benchmarks {
         let prompts: Vec<PromptRow> = window(read_rows(path, Schema::Prompts)?, limit, 0);
         let jobs = plan_jobs(ctx, &prompts, path, &tok, context, k, on_bad)?;
-        let gens = sample_jobs(ctx, &model, &tok, &jobs, seed, batch_size, &sampling, &format!("eval {bench}"))?;
+        let gens = sample_jobs(ctx, &sampler, &tok, &jobs, seed, batch_size, &sampling, &format!("eval {bench}"), false)?;
         for (job, g) in jobs.iter().zip(gens) {
             let text = g.text.unwrap_or_default();
             let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text).with_context(|| format!("{bench}: prompt {} sample {}", job.row.id, job.sample_idx))?;
@@ -61,6 +61,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             });
         }
     }
+    sampler.finish()?;
     for s in summarize(&rows, Grader::Verifier) {
         ctx.metric(&format!("avg_at_k.{}", s.benchmark), s.mean);
         ctx.metric(&format!("stderr.{}", s.benchmark), s.stderr);

@@ -4,6 +4,7 @@
 
 pub mod bootstrap_sft;
 pub mod eval;
+pub mod http_backend;
 pub mod judge_local;
 pub mod reset;
 pub mod rollout;
@@ -71,6 +72,22 @@ fn load_policy(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)>
         .tokenizer
         .with_context(|| format!("input `{name}` ({}): no tokenizer.json in the checkpoint", path.display()))?;
     Ok((loaded.model, tok))
+}
+
+/// The sampler of a sampling stage (param `backend`) over the checkpoint wired to input `name`,
+/// with the checkpoint's tokenizer: the model core (loaded as [`load_policy`] does) or an
+/// inference engine ([`http_backend`]; only the config and tokenizer are read here).
+fn load_sampler(ctx: &StageContext, name: &str) -> Result<(sampling::Sampler, Tokenizer)> {
+    match ctx.param::<http_backend::Backend>("backend")? {
+        http_backend::Backend::Local => load_policy(ctx, name).map(|(m, t)| (sampling::Sampler::Local(m), t)),
+        http_backend::Backend::Http => {
+            let path = ctx.input(name)?;
+            let (cfg, tok) = model::load_config(path).with_context(|| format!("input `{name}` ({}): the http backend needs a checkpoint directory", path.display()))?;
+            let tok = tok.with_context(|| format!("input `{name}` ({}): no tokenizer.json in the checkpoint", path.display()))?;
+            let engine = http_backend::HttpSampler::open(ctx, name)?;
+            Ok((sampling::Sampler::Http { engine, context: cfg.max_position_embeddings as usize, vocab: cfg.vocab_size }, tok))
+        }
+    }
 }
 
 /// The chat of a `prompts.prompt` value: its messages when it is a JSON chat, else one user turn.

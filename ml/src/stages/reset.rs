@@ -31,9 +31,9 @@ use rredcot::engine::StageContext;
 use rredcot::stages::prompt_text::prompt_text;
 use serde::Serialize;
 
-use super::sampling::{row_seed, sample_seeded, sampling_params, split_answer, Thinking};
+use super::sampling::{engine_entropies, row_seed, sample_seeded, sampling_params, split_answer, Sampler, Thinking};
 use super::traces::{Trace, TraceInputs, TraceTokens};
-use super::{load_policy, set_threads, RESET_PREFIX_KEY};
+use super::{load_policy, load_sampler, set_threads, RESET_PREFIX_KEY};
 use crate::model::{logprob, ChatMessage, DecoderLm, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize)]
@@ -119,7 +119,12 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if let Some(tr) = traces.iter().find(|t| t.rollout.policy_ckpt != policy_hash) {
         bail!("{}: sampled from checkpoint {} but the policy input is {}: resets continue the policy's own traces", tr.at, &tr.rollout.policy_ckpt[..12.min(tr.rollout.policy_ckpt.len())], &policy_hash[..12]);
     }
-    let (model, tok) = load_policy(ctx, "policy")?;
+    let (sampler, tok) = load_sampler(ctx, "policy")?;
+    // Localizing the first wrong step is a prefill in the model core, whatever samples.
+    let own_model = match (&sampler, mode) {
+        (Sampler::Http { .. }, Mode::Own) => Some(load_policy(ctx, "policy")?.0),
+        _ => None,
+    };
 
     let t0 = std::time::Instant::now();
     let mut localize_tokens = 0usize;
@@ -136,7 +141,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         let step = match mode {
             Mode::Random => ChaCha8Rng::seed_from_u64(row_seed(seed, &tr.seg.prompt_id, tr.seg.sample_idx as usize)).random_range(1..=steps),
             Mode::Own => {
-                let (t, cost) = localize(&model, &tok, tr, &tt, &loc_prompt, &loc_answer, batch)?;
+                let model = own_model.as_ref().or(sampler.local()).context("a model for localization")?;
+                let (t, cost) = localize(model, &tok, tr, &tt, &loc_prompt, &loc_answer, batch)?;
                 localize_tokens += cost;
                 t
             }
@@ -160,7 +166,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
 
     let rows: Vec<(&[i64], u64)> =
         resets.iter().flat_map(|r| (0..k).map(move |j| (r.context.as_slice(), row_seed(seed, &r.row.id, j)))).collect();
-    let gens = sample_seeded(ctx, &model, &tok, &rows, batch, &sampling, "continuations", |i| format!("reset {} continuation {}", resets[i / k].row.id, i % k))?;
+    let name = |i: usize| format!("reset {} continuation {}", resets[i / k].row.id, i % k);
+    let mut gens = sample_seeded(ctx, &sampler, &tok, &rows, batch, &sampling, "continuations", name)?;
+    let prompts: Vec<&[i64]> = rows.iter().map(|r| r.0).collect();
+    engine_entropies(ctx, sampler, "policy", &prompts, &mut gens, &sampling, name)?;
 
     let seconds = t0.elapsed().as_secs_f64();
     let localize_sequences: usize = if mode == Mode::Own { resets.iter().map(|r| r.steps).sum() } else { 0 };

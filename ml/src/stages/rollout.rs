@@ -8,14 +8,25 @@
 //! Row (prompt p, sample i) is sampled with its own seed, derived from (`seed`, p's id, i), so a
 //! rollout does not depend on which other prompts are in the run. Batches hold `batch_size`
 //! rows in prompt order; the result is deterministic for the same inputs, params and threads.
+//! With `group_requests = true` sample i's seed is instead the seed of sample 0 plus i (vLLM's
+//! seeds for the n choices of one request), so an engine gets one request per prompt.
+//!
+//! `backend = "http"` samples through an inference engine ([`super::http_backend`]); its token
+//! ids and chosen-token logprobs are kept as it returned them. Entropies (param `entropies`):
+//! `prefill` = exact, from one prefill of each finished completion in the model core after the
+//! engine stopped (also records how far the engine's logprobs are from the model core's,
+//! `engine_logprob_gap_max`); `topk` = estimated from the engine's top `top_logprobs` logprobs
+//! (a lower bound; metric `entropies = "topk-estimate"`); `none` = NaN per token (entropy and
+//! hybrid segmentation refuse such rollouts). The built-in backend always records exact ones.
 
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::StageContext;
 
-use super::sampling::{plan_jobs, sample_jobs, sampling_params, split_answer, window, OnBadPrompt, Thinking};
-use super::{load_policy, set_threads};
+use super::sampling::{engine_entropies, plan_jobs, sample_jobs, sampling_params, split_answer, window, OnBadPrompt, Thinking};
+use super::{load_sampler, set_threads};
+
 
 pub use super::sampling::row_seed;
 
@@ -33,11 +44,14 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let prompts_path = ctx.input("prompts")?.to_path_buf();
     let prompts: Vec<PromptRow> = window(read_rows(&prompts_path, Schema::Prompts)?, ctx.param("limit")?, ctx.param("batch_index")?);
     let policy_hash = ctx.input_hash("policy")?.to_string();
-    let (model, tok) = load_policy(ctx, "policy")?;
-    let context = model.cfg.max_position_embeddings as usize;
+    let group_requests: bool = ctx.param("group_requests")?;
+    let (sampler, tok) = load_sampler(ctx, "policy")?;
+    let context = sampler.context();
 
     let jobs = plan_jobs(ctx, &prompts, &prompts_path, &tok, context, group, on_bad)?;
-    let gens = sample_jobs(ctx, &model, &tok, &jobs, seed, batch_size, &sampling, "rollouts")?;
+    let mut gens = sample_jobs(ctx, &sampler, &tok, &jobs, seed, batch_size, &sampling, "rollouts", group_requests)?;
+    let prompts_ids: Vec<&[i64]> = jobs.iter().map(|j| j.ids.as_slice()).collect();
+    engine_entropies(ctx, sampler, "policy", &prompts_ids, &mut gens, &sampling, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?;
     let rows: Vec<RolloutRow> = jobs
         .iter()
         .zip(gens)

@@ -1,6 +1,10 @@
 //! Sampling G completions per prompt, shared by `rollout` (training batches) and `eval` (avg@k):
 //! which prompts can be sampled, per-row seeds, batching, the context-window clamp, progress, and
 //! where a completion's chain of thought ends and its answer begins ([`split_answer`]).
+//!
+//! Every sampling stage samples through a [`Sampler`] (param `backend`): the model core in this
+//! process, or an OpenAI-compatible inference engine ([`super::http_backend`]). Both get the same
+//! rows, seeds and context clamp, so on `rredcot serve` the two give the same tokens.
 
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::PromptRow;
@@ -12,7 +16,42 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::encode_prompt;
+use super::http_backend::{plan_requests, topk_entropy, HttpSampler};
 use crate::model::{self, DecoderLm, Generation, SamplingParams, Tokenizer};
+
+/// What samples a stage's completions (param `backend`).
+pub enum Sampler {
+    /// The model core in this process.
+    Local(DecoderLm),
+    /// An inference engine over HTTP, with the policy's context window (from its config).
+    Http { engine: HttpSampler, context: usize, vocab: i64 },
+}
+
+impl Sampler {
+    /// The policy's context window (tokens).
+    pub fn context(&self) -> usize {
+        match self {
+            Sampler::Local(m) => m.cfg.max_position_embeddings as usize,
+            Sampler::Http { context, .. } => *context,
+        }
+    }
+
+    /// The model core's model, when it samples.
+    pub fn local(&self) -> Option<&DecoderLm> {
+        match self {
+            Sampler::Local(m) => Some(m),
+            Sampler::Http { .. } => None,
+        }
+    }
+
+    /// Stops an engine the stage started (an engine that died during the run is an error).
+    pub fn finish(self) -> Result<()> {
+        match self {
+            Sampler::Local(_) => Ok(()),
+            Sampler::Http { engine, .. } => engine.stop(),
+        }
+    }
+}
 
 /// What to do with a prompt that cannot be sampled (no reference answer, too long).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -161,30 +200,44 @@ pub fn plan_jobs<'a>(
 
 /// Samples every job in batches of `batch_size` rows (in job order, so the result does not
 /// depend on timing) and returns one generation per job; row seeds from (`seed`, prompt id,
-/// sample index). See [`sample_seeded`].
+/// sample index), or with `group_seeds` the seed of sample 0 plus the sample index (an engine then
+/// samples a prompt's group in one request). See [`sample_seeded`].
 #[allow(clippy::too_many_arguments)]
 pub fn sample_jobs(
     ctx: &mut StageContext,
-    model: &DecoderLm,
+    sampler: &Sampler,
     tok: &Tokenizer,
     jobs: &[Job],
     seed: u64,
     batch_size: usize,
     sampling: &SamplingParams,
     label: &str,
+    group_seeds: bool,
 ) -> Result<Vec<Generation>> {
-    let rows: Vec<(&[i64], u64)> = jobs.iter().map(|j| (j.ids.as_slice(), row_seed(seed, &j.row.id, j.sample_idx))).collect();
-    sample_seeded(ctx, model, tok, &rows, batch_size, sampling, label, |i| format!("prompt {}", jobs[i].row.id))
+    let seed_of = |j: &Job| {
+        if group_seeds {
+            row_seed(seed, &j.row.id, 0).wrapping_add(j.sample_idx as u64)
+        } else {
+            row_seed(seed, &j.row.id, j.sample_idx)
+        }
+    };
+    let rows: Vec<(&[i64], u64)> = jobs.iter().map(|j| (j.ids.as_slice(), seed_of(j))).collect();
+    sample_seeded(ctx, sampler, tok, &rows, batch_size, sampling, label, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))
 }
 
 /// Samples `rows` = (prompt ids, row seed) in batches of `batch_size` rows, in order (or, with the
 /// stage param `continuous_batching`, in `batch_size` slots refilled as rows finish), and returns
 /// one generation per row (`name(i)` names row i in errors). Counts `tokens_generated` and
 /// `rows_max_new_tokens_clamped`, sets the `decode_tok_s` metric and shows a progress bar.
+///
+/// With an engine ([`Sampler::Http`]) the rows go out as requests with the same seeds and the same
+/// per-row token budget (the clamp the batches above would apply), and come back with the engine's
+/// token ids and chosen-token logprobs; entropies are estimated from the top `top_logprobs`
+/// logprobs when that is positive, else left empty (the rollout fills them in).
 #[allow(clippy::too_many_arguments)]
 pub fn sample_seeded(
     ctx: &mut StageContext,
-    model: &DecoderLm,
+    sampler: &Sampler,
     tok: &Tokenizer,
     rows: &[(&[i64], u64)],
     batch_size: usize,
@@ -195,6 +248,10 @@ pub fn sample_seeded(
     if batch_size == 0 {
         bail!("stage `{}`: batch_size must be positive", ctx.instance);
     }
+    let model = match sampler {
+        Sampler::Local(m) => m,
+        Sampler::Http { engine, context, vocab } => return sample_http(ctx, engine, (*context, *vocab), tok, rows, batch_size, sampling, label, name),
+    };
     let context = model.cfg.max_position_embeddings as usize;
     let mut out = Vec::with_capacity(rows.len());
     let (mut generated, mut clamped) = (0i64, 0i64);
@@ -241,6 +298,164 @@ pub fn sample_seeded(
     ctx.count("rows_max_new_tokens_clamped", clamped);
     ctx.metric("decode_tok_s", generated as f64 / t0.elapsed().as_secs_f64().max(1e-9));
     Ok(out)
+}
+
+/// The token budget of each row: `max_new_tokens`, shortened to what the context leaves after
+/// the longest prompt of its batch (of `batch_size` rows, or of all rows with continuous
+/// batching), as [`sample_seeded`]'s model-core path applies it. Returns the budgets and how many
+/// rows were clamped.
+fn row_budgets(rows: &[(&[i64], u64)], batch_size: usize, continuous: bool, max_new_tokens: usize, context: usize) -> (Vec<usize>, i64) {
+    let per = if continuous { rows.len().max(1) } else { batch_size };
+    let mut budgets = Vec::with_capacity(rows.len());
+    let mut clamped = 0i64;
+    for chunk in rows.chunks(per) {
+        let longest = chunk.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        let budget = if longest + max_new_tokens > context {
+            clamped += chunk.len() as i64;
+            context.saturating_sub(longest)
+        } else {
+            max_new_tokens
+        };
+        budgets.extend(std::iter::repeat_n(budget, chunk.len()));
+    }
+    (budgets, clamped)
+}
+
+/// [`sample_seeded`] through an inference engine.
+#[allow(clippy::too_many_arguments)]
+fn sample_http(
+    ctx: &mut StageContext,
+    engine: &HttpSampler,
+    (context, vocab): (usize, i64),
+    tok: &Tokenizer,
+    rows: &[(&[i64], u64)],
+    batch_size: usize,
+    sampling: &SamplingParams,
+    label: &str,
+    name: impl Fn(usize) -> String,
+) -> Result<Vec<Generation>> {
+    let top: usize = ctx.params.get("top_logprobs").and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+    let (budgets, clamped) = row_budgets(rows, batch_size, ctx.param("continuous_batching").unwrap_or(false), sampling.max_new_tokens, context);
+    let mut stop_ids = sampling.stop_token_ids.clone();
+    stop_ids.extend(&tok.eos_ids);
+    let t0 = Instant::now();
+    if let Some(first) = rows.first() {
+        engine.probe(first.0, sampling, &stop_ids, top)?;
+    }
+    let planned: Vec<(&[i64], u64, usize)> = rows.iter().zip(&budgets).map(|(r, &b)| (r.0, r.1, b)).collect();
+    // A row with no budget left (a prompt that fills the context) is not sent: it ends at once.
+    let sendable: Vec<usize> = (0..rows.len()).filter(|&i| budgets[i] > 0).collect();
+    let requests = plan_requests(&sendable.iter().map(|&i| planned[i]).collect::<Vec<_>>(), |k| name(sendable[k]));
+    let progress = std::sync::Mutex::new(ctx.progress(rows.len() as u64, label));
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let on_done = |n: usize| {
+        let d = done.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed) + n as u64;
+        if let Ok(mut p) = progress.lock() {
+            p.set(d, label);
+        }
+    };
+    let replies = engine.sample(&requests, sampling, &stop_ids, top, &on_done);
+    if let Ok(mut p) = progress.into_inner() {
+        p.finish();
+    }
+    ctx.count("http_requests", engine.requests.swap(0, std::sync::atomic::Ordering::Relaxed));
+    ctx.count("http_retries", engine.retried.swap(0, std::sync::atomic::Ordering::Relaxed));
+    let replies = replies?;
+    let mut sampled = replies.into_iter().flatten();
+    let mut out = Vec::with_capacity(rows.len());
+    let mut generated = 0i64;
+    for (i, &budget) in budgets.iter().enumerate() {
+        if budget == 0 {
+            out.push(Generation { tokens: vec![], logprobs: vec![], entropies: vec![], finish_reason: model::FinishReason::Length, text: Some(String::new()) });
+            continue;
+        }
+        let s = sampled.next().context("fewer replies than rows")?;
+        if s.tokens.len() > budget {
+            bail!("stage `{}`: {} at {}: the engine returned {} tokens for max_tokens = {budget}", ctx.instance, name(i), engine.url(), s.tokens.len());
+        }
+        if let Some(bad) = s.tokens.iter().find(|&&t| t < 0 || t >= vocab) {
+            bail!("stage `{}`: {} at {}: token id {bad} is outside the policy's vocabulary of {vocab}: the engine serves another model", ctx.instance, name(i), engine.url());
+        }
+        generated += s.tokens.len() as i64;
+        let mut text = tok.decode(&s.tokens, true)?;
+        if let Some(cut) = sampling.stop_strings.iter().filter_map(|st| text.find(st.as_str())).min() {
+            text.truncate(cut);
+        }
+        let entropies = if top > 0 { s.top.iter().map(|t| topk_entropy(t)).collect() } else { vec![] };
+        out.push(Generation { tokens: s.tokens, logprobs: s.logprobs, entropies, finish_reason: s.finish_reason, text: Some(text) });
+    }
+    ctx.count("tokens_generated", generated);
+    ctx.count("rows_max_new_tokens_clamped", clamped);
+    ctx.metric("decode_tok_s", generated as f64 / t0.elapsed().as_secs_f64().max(1e-9));
+    ctx.metric("engine", engine.engine.clone());
+    ctx.metric("engine_version", engine.engine_version.clone());
+    ctx.metric("engine_url", engine.url().to_string());
+    ctx.metric("engine_model", engine.model().to_string());
+    ctx.metric("engine_startup_s", engine.startup_s);
+    Ok(out)
+}
+
+/// Where the entropies of an engine's completions come from (param `entropies`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Entropies {
+    /// Exact: one prefill of each finished completion in the model core.
+    Prefill,
+    /// Estimated from the engine's top `top_logprobs` logprobs (a lower bound).
+    Topk,
+    /// NaN per token (entropy-based segmentation refuses them).
+    None,
+}
+
+/// Stops the sampler and, when an engine sampled `gens` (after `prompts`), gives them entropies
+/// as param `entropies` says: `prefill` loads the checkpoint of input `policy` once the engine is
+/// stopped (so the two never share the device) and records `engine_logprob_gap_max`, the largest
+/// difference between the engine's logprobs and the model core's; the metric `entropies` names
+/// the source (`topk-estimate` for estimates). The model core's own samples are left as they are.
+#[allow(clippy::too_many_arguments)]
+pub fn engine_entropies(
+    ctx: &mut StageContext,
+    sampler: Sampler,
+    policy: &str,
+    prompts: &[&[i64]],
+    gens: &mut [Generation],
+    sampling: &SamplingParams,
+    name: impl Fn(usize) -> String,
+) -> Result<()> {
+    if sampler.local().is_some() {
+        return Ok(());
+    }
+    sampler.finish()?;
+    match ctx.param::<Entropies>("entropies")? {
+        Entropies::Prefill => {
+            let (model, _) = super::load_policy(ctx, policy)?;
+            let mut gap = 0f32;
+            let mut progress = ctx.progress(gens.len() as u64, "entropies (prefill)");
+            for (i, (prompt, g)) in prompts.iter().zip(gens.iter_mut()).enumerate() {
+                let f = model::prefill_completion(&model, prompt, &g.tokens, sampling, 0)
+                    .with_context(|| format!("stage `{}`: prefill of {}", ctx.instance, name(i)))?;
+                gap = f.logprobs.iter().zip(&g.logprobs).map(|(a, b)| (a - b).abs()).fold(gap, f32::max);
+                g.entropies = f.entropies;
+                progress.set(i as u64 + 1, "entropies (prefill)");
+            }
+            progress.finish();
+            ctx.metric("entropies", "prefill");
+            ctx.metric("engine_logprob_gap_max", gap as f64);
+        }
+        Entropies::Topk => {
+            if ctx.param::<u64>("top_logprobs")? == 0 {
+                bail!("stage `{}`: entropies = \"topk\" needs top_logprobs > 0", ctx.instance);
+            }
+            ctx.metric("entropies", "topk-estimate");
+        }
+        Entropies::None => {
+            for g in gens.iter_mut() {
+                g.entropies = vec![f32::NAN; g.tokens.len()];
+            }
+            ctx.metric("entropies", "none");
+        }
+    }
+    Ok(())
 }
 
 /// The first `limit` prompts (0 = all) of window `batch_index`, wrapping around the set (one

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::sampling::{row_seed, sample_seeded, sampling_params, split_answer, Thinking};
 use super::traces::{write_scores, TraceInputs};
-use super::{load_policy, set_threads};
+use super::{load_sampler, set_threads};
 use crate::model::FinishReason;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -127,7 +127,7 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
     }
     let inputs = TraceInputs::read(ctx)?;
     let traces = inputs.traces()?;
-    let (model, tok) = load_policy(ctx, model_input)?;
+    let (sampler, tok) = load_sampler(ctx, model_input)?;
 
     let mut exits = Vec::new();
     let mut golds = Vec::with_capacity(traces.len());
@@ -152,7 +152,8 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
         format!("{} exit {} completion {}", traces[e.trace].at, e.t, r % k)
     };
     let t0 = std::time::Instant::now();
-    let gens = sample_seeded(ctx, &model, &tok, &rows, batch, &sampling, "mc", &name)?;
+    let gens = sample_seeded(ctx, &sampler, &tok, &rows, batch, &sampling, "mc", &name)?;
+    sampler.finish()?;
     let forward_tokens: usize = rows.iter().zip(&gens).map(|(r, g)| r.0.len() + g.tokens.len()).sum();
 
     // Verify every completion; outcomes per exit point (lost ones left out under `drop`).

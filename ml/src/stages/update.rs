@@ -261,6 +261,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                 if r.entropies.len() != n {
                     bail!("{}: {} token entropies for {n} completion tokens", at(), r.entropies.len());
                 }
+                if entropy_mix > 0.0 && r.entropies.iter().any(|e| !e.is_finite()) {
+                    bail!("{}: entropy-weighted progress advantages (entropy_mix = {entropy_mix}) need finite token entropies; the rollout has none (an engine rollout with entropies = \"none\"? use \"prefill\" or \"topk\", or entropy_mix = 0)", at());
+                }
                 let w = progress::entropy_weights(&r.entropies, &ends, entropy_mix);
                 let mut a = progress::token_advantages(adv[i], &progress::step_progress(&sc.r), progress_coef, &ends, &w);
                 // The answer after the chain of thought is no step: it keeps the outcome advantage.

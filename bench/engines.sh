@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Sampling through an inference engine (issue 20): the tiny policy's rollout through `rredcot
+# serve` (backend = "http", the stage starts and stops the server) vs the built-in rollout, same
+# rows and seeds, in one run -> bench/results/engines.json. Wall times from the run records
+# (engine start and model load included), median of REPS forced reruns; the HTTP rollout with
+# entropies = "none" (the HTTP path alone) and = "prefill" (plus one prefill per completion).
+# GPU engines (vLLM, SGLang) are not measured here: this script runs on CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/env.sh
+PROFILE=${PROFILE:-release}
+REPS=${REPS:-3}
+TARGET=${CARGO_TARGET_DIR:-$PWD/target}
+if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
+BIN=$TARGET/$PROFILE/rredcot-worker
+STORE=$TMP/store
+ROLL='inputs = { prompts = "taskgen.eval", policy = "sft.model" }
+params = { seed = 0, limit = 64, group_size = 8, max_new_tokens = 256, batch_size = 32, device = "cpu", threads = 1'
+HTTP='backend = "http", server_command = "{rredcot} serve --model {policy} --port {port} --model-name {policy_hash} --device cpu --threads 1 --max-batch 32 --max-new-tokens 256", concurrency = 32'
+cat > "$TMP/engines.toml" <<TOML
+stage_dirs = ["$PWD/stages"]
+[[stage]]
+name = "taskgen"
+params = { n_train = 300, n_eval = 64, max_steps = 2 }
+[[stage]]
+name = "tokenizer"
+uses = "tokenizer_train"
+inputs = { corpus = "taskgen.train" }
+[[stage]]
+name = "sft"
+uses = "bootstrap_sft"
+inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
+params = { steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16 }
+[[stage]]
+name = "builtin"
+uses = "rollout"
+$ROLL }
+[[stage]]
+name = "http"
+uses = "rollout"
+$ROLL, entropies = "none", $HTTP }
+[[stage]]
+name = "http_prefill"
+uses = "rollout"
+$ROLL, entropies = "prefill", $HTTP }
+TOML
+for i in $(seq 1 "$REPS"); do
+  force=(); [ "$i" -gt 1 ] && force=(--force builtin --force http --force http_prefill)
+  "$BIN" --store "$STORE" pipeline run "$TMP/engines.toml" --json "${force[@]}" > "$TMP/run$i.json"
+  $PY - "$TMP/run$i.json" "$STORE" >> "$TMP/walls.jsonl" <<'PYEOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+rec = lambda st: json.load(open(f"{sys.argv[2]}/instances/{s['keys'][st]}/run.json"))
+print(json.dumps({st: {"wall_s": rec(st)["wall_s"], "tokens": rec(st)["counters"].get("tokens_generated"), "ids": rec(st)["outputs"]["rollouts"]["hash"], "metrics": rec(st)["metrics"]} for st in ["builtin", "http", "http_prefill"]}))
+PYEOF
+done
+$PY - "$TMP/walls.jsonl" bench/results/engines.json "$PROFILE" <<'PYEOF'
+import json, os, platform, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+med = lambda st: statistics.median(r[st]["wall_s"] for r in runs)
+b, h, hp = med("builtin"), med("http"), med("http_prefill")
+last = runs[-1]
+out = {
+    "what": "rollout of the tiny default-world policy (64 prompts x 8 samples, <= 256 new tokens, T = 1): built-in vs through `rredcot serve` started by the stage",
+    "command": f"PROFILE={sys.argv[3]} bench/engines.sh",
+    "profile": sys.argv[3],
+    "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+    "threads": 1,
+    "reps": len(runs),
+    "tokens_generated": last["builtin"]["tokens"],
+    "builtin_wall_s": b,
+    "http_wall_s": h,
+    "http_prefill_wall_s": hp,
+    "http_over_builtin": h / b,
+    "http_prefill_over_builtin": hp / b,
+    "target": "http_over_builtin <= 1.3",
+    "same_tokens_as_builtin": last["builtin"]["tokens"] == last["http"]["tokens"],
+    "engine": last["http"]["metrics"].get("engine"),
+    "engine_version": last["http"]["metrics"].get("engine_version"),
+    "engine_startup_s": statistics.median(r["http"]["metrics"].get("engine_startup_s", 0) for r in runs),
+    "walls": runs and [{st: r[st]["wall_s"] for st in ["builtin", "http", "http_prefill"]} for r in runs],
+    "gpu_engine": "not measured: no GPU or vLLM/SGLang on this machine",
+}
+json.dump(out, open(sys.argv[2], "w"), indent=2)
+print(json.dumps(out, indent=2))
+PYEOF

@@ -1,0 +1,588 @@
+//! The `http` sampling backend: completions from an OpenAI-compatible inference engine (vLLM,
+//! SGLang, `rredcot serve`) instead of the model core, for every stage that samples (rollout,
+//! eval, MC values, resets' continuations; see [`super::sampling::sample_seeded`]).
+//!
+//! The engine follows the policy: with `server_command` the stage starts it over the input
+//! checkpoint (placeholders `{policy}`, `{policy_hash}`, `{port}`, `{seed}`, `{rredcot}`), waits
+//! until `/v1/models` answers, samples, and stops it (SIGTERM, then SIGKILL after a grace period).
+//! The engine runs in a process group of its own whose guardian (`rredcot::engine::group`) kills
+//! it when this process dies, also by SIGKILL: no orphan engine. Without a command the stage uses
+//! the running server at `base_url`. Either way `/v1/models` must list `served_model` (default
+//! `{policy_hash}`: start the engine with `--served-model-name {policy_hash}`): samples from
+//! another model are an error, never silent off-policy data.
+//!
+//! Requests: `/v1/completions` with the prompt as token ids, one request per row with the row's
+//! seed and `n = 1` — or, for consecutive rows of one prompt whose seeds are `s, s+1, …`, one
+//! request with `seed = s` and `n` choices (choice i samples with seed `s + i` in vLLM and
+//! `rredcot serve`). Token ids come back as each choice's `token_ids` (`return_token_ids`) or as
+//! `"token_id:123"` tokens (`return_tokens_as_token_ids`); a server that returns text only is
+//! refused by a one-token probe before any sampling. The completion text is decoded here from the
+//! ids with the policy's tokenizer, exactly as the built-in sampler does, so both backends write
+//! the same rows for the same tokens.
+//!
+//! This module knows OpenAI's wire format and processes; nothing of stages' outputs.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use rredcot::engine::group::{die_with_parent, Group};
+use rredcot::engine::StageContext;
+use serde_json::{json, Value};
+
+use crate::model::{FinishReason, SamplingParams};
+
+/// Most choices asked for in one request (`rredcot serve` caps `n` at 16).
+const MAX_N: usize = 16;
+/// How long a stopped engine gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(15);
+
+/// Which sampler a stage uses (param `backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The model core in this process.
+    Local,
+    /// An OpenAI-compatible engine.
+    Http,
+}
+
+/// The stage params of the `http` backend.
+#[derive(Debug, Clone)]
+pub struct HttpParams {
+    pub server_command: String,
+    pub base_url: String,
+    pub served_model: String,
+    /// Startup and per-request timeout.
+    pub timeout: Duration,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Attempts after the first for a request that failed to connect, timed out or got a 5xx.
+    pub retries: u32,
+}
+
+impl HttpParams {
+    pub fn from_ctx(ctx: &StageContext) -> Result<HttpParams> {
+        let timeout: f64 = ctx.param("timeout_s")?;
+        let concurrency: usize = ctx.param("concurrency")?;
+        if !(timeout.is_finite() && timeout > 0.0) || concurrency == 0 {
+            bail!("stage `{}`: timeout_s ({timeout}) and concurrency ({concurrency}) must be positive", ctx.instance);
+        }
+        Ok(HttpParams {
+            server_command: ctx.param("server_command")?,
+            base_url: ctx.param("base_url")?,
+            served_model: ctx.param("served_model")?,
+            timeout: Duration::from_secs_f64(timeout),
+            concurrency,
+            retries: ctx.param("retries")?,
+        })
+    }
+}
+
+/// One request: `n` completions of `prompt`, choice i with seed `seed + i`.
+#[derive(Debug, Clone)]
+pub struct CompletionRequest<'a> {
+    pub prompt: &'a [i64],
+    pub seed: u64,
+    pub n: usize,
+    pub max_tokens: usize,
+    /// Names the request's first row in errors.
+    pub label: String,
+}
+
+/// One completion as the engine sampled it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub tokens: Vec<i64>,
+    pub logprobs: Vec<f32>,
+    /// Logprobs of the top tokens at each position (empty unless asked for).
+    pub top: Vec<Vec<f32>>,
+    pub finish_reason: FinishReason,
+}
+
+/// Entropy estimate of one position from its top-k logprobs: the entropy of the top tokens plus
+/// the remaining mass as one outcome (a lower bound of the true entropy; exact when the top k
+/// hold all the mass).
+pub fn topk_entropy(top: &[f32]) -> f32 {
+    let mut h = 0.0f64;
+    let mut mass = 0.0f64;
+    for &lp in top.iter().filter(|l| l.is_finite()) {
+        let p = (lp as f64).exp();
+        mass += p;
+        h -= p * lp as f64;
+    }
+    let rest = (1.0 - mass).max(0.0);
+    if rest > 1e-12 {
+        h -= rest * rest.ln();
+    }
+    h as f32
+}
+
+/// The engine process started by the stage; stopped on drop.
+struct EngineServer {
+    child: Mutex<Child>,
+    /// The engine's own process group; dropping it SIGKILLs what is left of the engine.
+    group: Option<Group>,
+    command: String,
+    log: PathBuf,
+}
+
+impl EngineServer {
+    /// Why the engine is gone, when it is: its exit status and the end of its log.
+    fn exited(&self) -> Option<String> {
+        let status = self.child.lock().ok()?.try_wait().ok()??;
+        Some(format!("the engine process `{}` exited ({status}); its log ends:\n{}", self.command, log_tail(&self.log)))
+    }
+}
+
+impl Drop for EngineServer {
+    fn drop(&mut self) {
+        let Ok(child) = self.child.get_mut() else { return };
+        if child.try_wait().ok().flatten().is_none() {
+            if let Some(g) = &self.group {
+                g.signal(libc::SIGTERM);
+            }
+            let t0 = Instant::now();
+            while child.try_wait().ok().flatten().is_none() && t0.elapsed() < STOP_GRACE {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Kills whatever the engine forked that outlived it, and the guardian.
+        self.group.take();
+    }
+}
+
+/// The last lines of an engine log.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// A free loopback port (the engine binds it next; a race with another process is unlikely and
+/// ends in a clear startup error).
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for the engine")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The `rredcot` binary next to this one (the worker runs `serve` too).
+fn rredcot_exe() -> String {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rredcot"));
+    let light = exe.with_file_name("rredcot");
+    if light.is_file() { light } else { exe }.display().to_string()
+}
+
+/// `template` with its placeholders filled.
+fn render(template: &str, vars: &[(&str, String)]) -> String {
+    vars.iter().fold(template.to_string(), |s, (k, v)| s.replace(&format!("{{{k}}}"), v))
+}
+
+/// A body's text clipped for an error message.
+fn clip(text: &str) -> String {
+    let t = text.trim();
+    if t.chars().count() > 400 {
+        format!("{}…", t.chars().take(400).collect::<String>())
+    } else {
+        t.to_string()
+    }
+}
+
+/// A connected engine, ready to sample.
+pub struct HttpSampler {
+    stage: String,
+    /// `…/v1`.
+    base: String,
+    /// The model id sent in requests (the one `/v1/models` listed).
+    model: String,
+    agent: ureq::Agent,
+    params: HttpParams,
+    /// `owned_by` of the served model (`vllm`, `sglang`, `rredcot`, …) and `/version`.
+    pub engine: String,
+    pub engine_version: String,
+    server: Option<EngineServer>,
+    /// Seconds from opening to the first answer of `/v1/models` (the engine's start).
+    pub startup_s: f64,
+    pub requests: AtomicI64,
+    pub retried: AtomicI64,
+}
+
+impl HttpSampler {
+    /// Starts the engine over the checkpoint wired to input `policy` (or connects to
+    /// `base_url`), waits until it answers and checks that it serves the policy.
+    pub fn open(ctx: &StageContext, policy: &str) -> Result<HttpSampler> {
+        let params = HttpParams::from_ctx(ctx)?;
+        let opened = Instant::now();
+        let stage = ctx.instance.clone();
+        let path = ctx.input(policy)?.canonicalize().with_context(|| format!("stage `{stage}`: input `{policy}`"))?;
+        let hash = ctx.input_hash(policy)?.to_string();
+        let seed: u64 = ctx.param("seed").unwrap_or(0);
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(params.timeout))
+            .http_status_as_error(false)
+            .user_agent(concat!("rredcot/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        let mut vars = vec![("policy", path.display().to_string()), ("policy_hash", hash.clone()), ("seed", seed.to_string()), ("rredcot", rredcot_exe())];
+        if params.server_command.trim().is_empty() && render(&params.served_model, &vars).is_empty() {
+            bail!(
+                "stage `{stage}`: served_model is empty, so nothing ties the server at {} to the policy {}; set served_model (e.g. \"{{policy_hash}}\")",
+                params.base_url,
+                &hash[..12.min(hash.len())]
+            );
+        }
+        let (base, server) = if params.server_command.trim().is_empty() {
+            if params.base_url.trim().is_empty() {
+                bail!("stage `{stage}`: backend = \"http\" needs server_command (an engine to start) or base_url (a running one)");
+            }
+            (params.base_url.trim_end_matches('/').to_string(), None)
+        } else {
+            let port = free_port()?;
+            vars.push(("port", port.to_string()));
+            let command = render(&params.server_command, &vars);
+            let log = ctx.scratch.join("engine.log");
+            std::fs::create_dir_all(&ctx.scratch).with_context(|| format!("creating {}", ctx.scratch.display()))?;
+            let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c").arg(&command).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+            let group = Group::new().context("creating the engine's process group")?;
+            group.adopt(&mut cmd);
+            die_with_parent(&mut cmd);
+            let child = cmd.spawn().with_context(|| format!("stage `{stage}`: starting the engine `{command}`"))?;
+            tracing::info!("stage `{stage}`: started the engine `{command}` (log {})", log.display());
+            (format!("http://127.0.0.1:{port}/v1"), Some(EngineServer { child: Mutex::new(child), group: Some(group), command, log }))
+        };
+        let base = if base.ends_with("/v1") { base } else { format!("{base}/v1") };
+        let mut s = HttpSampler {
+            stage,
+            base,
+            model: String::new(),
+            agent,
+            params,
+            engine: String::new(),
+            engine_version: String::new(),
+            server,
+            startup_s: 0.0,
+            requests: AtomicI64::new(0),
+            retried: AtomicI64::new(0),
+        };
+        let models = s.wait_ready()?;
+        s.startup_s = opened.elapsed().as_secs_f64();
+        let expected = render(&s.params.served_model, &vars);
+        let ids: Vec<&str> = models.iter().filter_map(|m| m.get("id").and_then(Value::as_str)).collect();
+        let chosen = if expected.is_empty() {
+            // Only for an engine the stage started over the policy itself (checked above).
+            models.first()
+        } else {
+            models.iter().find(|m| m.get("id").and_then(Value::as_str) == Some(expected.as_str()))
+        };
+        let Some(entry) = chosen else {
+            bail!(
+                "stage `{}`: the server at {}/models serves {ids:?}, not `{expected}` (served_model for the policy checkpoint {}); refusing samples from another model",
+                s.stage,
+                s.base,
+                &hash[..12.min(hash.len())]
+            );
+        };
+        s.model = entry.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+        s.engine = entry.get("owned_by").and_then(Value::as_str).unwrap_or("unknown").to_string();
+        let root = s.base.trim_end_matches("/v1");
+        s.engine_version = match s.get_json(&format!("{root}/version")) {
+            Ok(v) => v.get("version").and_then(Value::as_str).unwrap_or("unknown").to_string(),
+            Err(_) => "unknown".into(),
+        };
+        Ok(s)
+    }
+
+    /// The endpoint base (`…/v1`).
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// The model id the engine serves the policy as.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn get_json(&self, url: &str) -> Result<Value> {
+        let mut resp = self.agent.get(url).call().map_err(|e| anyhow!("GET {url}: {e}"))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().map_err(|e| anyhow!("GET {url}: reading the body: {e}"))?;
+        if status != 200 {
+            bail!("GET {url}: HTTP {status}: {}", clip(&text));
+        }
+        serde_json::from_str(&text).map_err(|e| anyhow!("GET {url}: not JSON ({e}): {}", clip(&text)))
+    }
+
+    /// Polls `/v1/models` until it lists models (the engine's start or the first contact with a
+    /// running server); returns its `data`.
+    fn wait_ready(&self) -> Result<Vec<Value>> {
+        let url = format!("{}/models", self.base);
+        let t0 = Instant::now();
+        loop {
+            if let Some(server) = &self.server {
+                if let Some(why) = server.exited() {
+                    bail!("stage `{}`: the engine never answered at {url}: {why}", self.stage);
+                }
+            }
+            let last = match self.get_json(&url) {
+                Ok(v) => match v.get("data").and_then(Value::as_array) {
+                    Some(d) if !d.is_empty() => return Ok(d.clone()),
+                    _ => format!("GET {url}: no models in {}", clip(&v.to_string())),
+                },
+                Err(e) => e.to_string(),
+            };
+            // A running server that does not answer is an error at once; a starting engine gets
+            // the whole timeout.
+            if self.server.is_none() || t0.elapsed() > self.params.timeout {
+                let waited = if self.server.is_some() { format!(" within {:.0} s", self.params.timeout.as_secs_f64()) } else { String::new() };
+                let log = self.server.as_ref().map(|s| format!("; the engine's log ends:\n{}", log_tail(&s.log))).unwrap_or_default();
+                bail!("stage `{}`: the server at {} did not answer{waited}: {last}{log}", self.stage, self.base);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The JSON body of a request.
+    fn body(&self, r: &CompletionRequest, p: &SamplingParams, stop_ids: &[i64], top: usize) -> Value {
+        json!({
+            "model": self.model,
+            "prompt": r.prompt,
+            "n": r.n,
+            "seed": r.seed,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": if p.top_k > 0 { p.top_k } else { -1 },
+            "max_tokens": r.max_tokens,
+            "stop": p.stop_strings,
+            "stop_token_ids": stop_ids,
+            "logprobs": top,
+            "return_tokens_as_token_ids": true,
+            "return_token_ids": true,
+            "skip_special_tokens": false,
+            "stream": false,
+        })
+    }
+
+    /// What to add to an error about a failed request: the engine's death, when it died.
+    fn engine_note(&self) -> String {
+        self.server.as_ref().and_then(EngineServer::exited).map(|w| format!("; {w}")).unwrap_or_default()
+    }
+
+    /// One request with bounded retries (connection errors, timeouts, 5xx); the parsed choices.
+    fn complete(&self, r: &CompletionRequest, body: &Value, top: usize) -> Result<Vec<Sampled>> {
+        let url = format!("{}/completions", self.base);
+        let what = || format!("stage `{}`: POST {url} ({}, n = {}, seed {})", self.stage, r.label, r.n, r.seed);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let why = match self.agent.post(&url).header("Content-Type", "application/json").send_json(body) {
+                Err(e) => format!("{e}"),
+                Ok(mut resp) => {
+                    let status = resp.status().as_u16();
+                    let mut text = String::new();
+                    let read = resp.body_mut().as_reader().read_to_string(&mut text);
+                    match (status, read) {
+                        (_, Err(e)) => format!("HTTP {status}, reading the body: {e}"),
+                        (200..=299, Ok(_)) => {
+                            let v: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{}: the reply is not JSON ({e}): {}", what(), clip(&text)))?;
+                            return parse_choices(&v, r.n, top).map_err(|e| anyhow!("{}: {e}", what()));
+                        }
+                        (500..=599, Ok(_)) => format!("HTTP {status}: {}", clip(&text)),
+                        (_, Ok(_)) => bail!("{}: HTTP {status}: {}", what(), clip(&text)),
+                    }
+                }
+            };
+            let dead = self.engine_note();
+            if attempt > self.params.retries || !dead.is_empty() {
+                bail!("{}: failed after {attempt} attempt(s): {why}{dead}", what());
+            }
+            self.retried.fetch_add(1, Ordering::Relaxed);
+            tracing::info!("{}: retrying: {why}", what());
+            std::thread::sleep(Duration::from_millis(500 * attempt as u64));
+        }
+    }
+
+    /// Checks with a one-token request that the engine returns token ids and logprobs, before
+    /// any real sampling.
+    pub fn probe(&self, prompt: &[i64], p: &SamplingParams, stop_ids: &[i64], top: usize) -> Result<()> {
+        let r = CompletionRequest { prompt, seed: 0, n: 1, max_tokens: 1, label: "probe: one token of the first prompt".into() };
+        let probe = SamplingParams { stop_strings: vec![], ..p.clone() };
+        self.complete(&r, &self.body(&r, &probe, stop_ids, top), top).map(|_| ())
+    }
+
+    /// Every request, at most `concurrency` in flight; choices in request order. On the first
+    /// failure no new request starts and the error is returned. `on_done(rows)` after each
+    /// request (progress).
+    pub fn sample(&self, requests: &[CompletionRequest], p: &SamplingParams, stop_ids: &[i64], top: usize, on_done: &(dyn Fn(usize) + Sync)) -> Result<Vec<Vec<Sampled>>> {
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let results: Mutex<Vec<Option<Result<Vec<Sampled>>>>> = Mutex::new((0..requests.len()).map(|_| None).collect());
+        std::thread::scope(|scope| {
+            for _ in 0..self.params.concurrency.min(requests.len().max(1)) {
+                scope.spawn(|| loop {
+                    if failed.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(r) = requests.get(i) else { break };
+                    let out = self.complete(r, &self.body(r, p, stop_ids, top), top);
+                    if out.is_err() {
+                        failed.store(true, Ordering::SeqCst);
+                    } else {
+                        on_done(r.n);
+                    }
+                    results.lock().expect("results lock")[i] = Some(out);
+                });
+            }
+        });
+        let results = results.into_inner().expect("results lock");
+        let mut out = Vec::with_capacity(requests.len());
+        for r in results {
+            match r {
+                Some(Ok(c)) => out.push(c),
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
+        }
+        if out.len() != requests.len() {
+            bail!("stage `{}`: {} of {} requests to {} were not sent", self.stage, requests.len() - out.len(), requests.len(), self.base);
+        }
+        Ok(out)
+    }
+
+    /// Stops the engine (when the stage started it) and checks it was still alive: an engine that
+    /// died during the run is an error even when every reply had arrived.
+    pub fn stop(mut self) -> Result<()> {
+        if let Some(server) = self.server.take() {
+            if let Some(why) = server.exited() {
+                bail!("stage `{}`: {why}", self.stage);
+            }
+            drop(server);
+        }
+        Ok(())
+    }
+}
+
+/// The token ids of a choice: `token_ids` (vLLM's `return_token_ids`) or its logprobs' tokens
+/// written `"token_id:123"` (`return_tokens_as_token_ids`).
+fn choice_ids(c: &Value) -> Option<Vec<i64>> {
+    if let Some(ids) = c.get("token_ids").and_then(Value::as_array) {
+        return ids.iter().map(Value::as_i64).collect();
+    }
+    let tokens = c.get("logprobs")?.get("tokens")?.as_array()?;
+    tokens.iter().map(|t| t.as_str()?.strip_prefix("token_id:")?.parse().ok()).collect()
+}
+
+/// The `n` choices of a completion response, in index order.
+pub fn parse_choices(v: &Value, n: usize, top: usize) -> Result<Vec<Sampled>> {
+    let choices = v.get("choices").and_then(Value::as_array).ok_or_else(|| anyhow!("no `choices` in the reply: {}", clip(&v.to_string())))?;
+    if choices.len() != n {
+        bail!("the reply has {} choice(s) for n = {n}", choices.len());
+    }
+    let mut out: Vec<Option<Sampled>> = vec![None; n];
+    for (k, c) in choices.iter().enumerate() {
+        let i = c.get("index").and_then(Value::as_u64).map_or(k, |i| i as usize);
+        if i >= n || out[i].is_some() {
+            bail!("choice {k} has index {i}: not a permutation of 0..{n}");
+        }
+        let tokens = choice_ids(c).ok_or_else(|| {
+            anyhow!(
+                "choice {i} has text but no token ids (neither `token_ids` nor `token_id:N` logprob tokens): the server supports neither vLLM's \
+                 `return_token_ids` nor `return_tokens_as_token_ids`, so its samples cannot be trained on exactly; reply: {}",
+                clip(&c.to_string())
+            )
+        })?;
+        let lp = c.get("logprobs").filter(|l| !l.is_null()).ok_or_else(|| anyhow!("choice {i} has no logprobs (the server ignored `logprobs`)"))?;
+        let logprobs: Vec<f32> = lp
+            .get("token_logprobs")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect())
+            .ok_or_else(|| anyhow!("choice {i}: `logprobs.token_logprobs` is not a list of numbers"))?;
+        if logprobs.len() != tokens.len() {
+            bail!("choice {i}: {} token ids but {} logprobs", tokens.len(), logprobs.len());
+        }
+        let top_rows: Vec<Vec<f32>> = if top > 0 {
+            let rows = lp.get("top_logprobs").and_then(Value::as_array).ok_or_else(|| anyhow!("choice {i}: no `logprobs.top_logprobs`"))?;
+            if rows.len() != tokens.len() {
+                bail!("choice {i}: {} token ids but {} top_logprobs", tokens.len(), rows.len());
+            }
+            rows.iter()
+                .map(|m| m.as_object().map(|m| m.values().filter_map(Value::as_f64).map(|f| f as f32).collect()).unwrap_or_default())
+                .collect()
+        } else {
+            vec![]
+        };
+        let finish_reason = match c.get("finish_reason").and_then(Value::as_str) {
+            Some("stop") => FinishReason::Stop,
+            Some("length") => FinishReason::Length,
+            other => bail!("choice {i}: finish_reason {other:?} (expected \"stop\" or \"length\")"),
+        };
+        out[i] = Some(Sampled { tokens, logprobs, top: top_rows, finish_reason });
+    }
+    Ok(out.into_iter().map(|s| s.expect("every index filled")).collect())
+}
+
+/// Groups `rows` (prompt, seed, max tokens) into requests: consecutive rows of one prompt whose
+/// seeds are `s, s+1, …` go into one request with `n` choices (at most [`MAX_N`]).
+pub fn plan_requests<'a>(rows: &[(&'a [i64], u64, usize)], name: impl Fn(usize) -> String) -> Vec<CompletionRequest<'a>> {
+    let mut out: Vec<CompletionRequest<'a>> = Vec::new();
+    for (i, &(prompt, seed, max_tokens)) in rows.iter().enumerate() {
+        if let Some(last) = out.last_mut() {
+            if last.n < MAX_N && last.prompt == prompt && last.max_tokens == max_tokens && last.seed.wrapping_add(last.n as u64) == seed {
+                last.n += 1;
+                continue;
+            }
+        }
+        out.push(CompletionRequest { prompt, seed, n: 1, max_tokens, label: name(i) });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_of_one_prompt_with_consecutive_seeds_share_a_request() {
+        let (a, b) = (vec![1i64, 2], vec![3i64]);
+        let rows = [(&a[..], 10, 8), (&a[..], 11, 8), (&a[..], 12, 8), (&a[..], 99, 8), (&b[..], 100, 8), (&b[..], 101, 4)];
+        let reqs = plan_requests(&rows, |i| format!("row {i}"));
+        let got: Vec<(usize, u64, usize, &str)> = reqs.iter().map(|r| (r.n, r.seed, r.max_tokens, r.label.as_str())).collect();
+        assert_eq!(got, vec![(3, 10, 8, "row 0"), (1, 99, 8, "row 3"), (1, 100, 8, "row 4"), (1, 101, 4, "row 5")]);
+    }
+
+    #[test]
+    fn choices_need_token_ids_logprobs_and_a_known_finish_reason() {
+        let ok = json!({"choices": [
+            {"index": 1, "text": "b", "finish_reason": "length", "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5], "top_logprobs": [{"token_id:7": -0.5, "token_id:8": -1.0}]}},
+            {"index": 0, "text": "a", "token_ids": [5, 6], "finish_reason": "stop", "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{"a": -0.1}, {"b": -0.2}]}},
+        ]});
+        let s = parse_choices(&ok, 2, 2).unwrap();
+        assert_eq!((s[0].tokens.clone(), s[0].finish_reason, s[1].tokens.clone()), (vec![5, 6], FinishReason::Stop, vec![7]));
+        assert_eq!((s[1].logprobs.clone(), s[1].top[0].len()), (vec![-0.5], 2));
+        let err = |v: Value, n: usize| parse_choices(&v, n, 0).unwrap_err().to_string();
+        assert!(err(ok.clone(), 3).contains("2 choice(s) for n = 3"));
+        let text_only = json!({"choices": [{"index": 0, "text": "a", "finish_reason": "stop", "logprobs": {"tokens": ["a"], "token_logprobs": [-0.1]}}]});
+        assert!(err(text_only, 1).contains("no token ids"));
+        let no_lp = json!({"choices": [{"index": 0, "token_ids": [1], "finish_reason": "stop", "logprobs": null}]});
+        assert!(err(no_lp, 1).contains("no logprobs"));
+        let abort = json!({"choices": [{"index": 0, "token_ids": [1], "finish_reason": "abort", "logprobs": {"token_logprobs": [-1.0]}}]});
+        assert!(err(abort, 1).contains("abort"));
+    }
+
+    #[test]
+    fn the_topk_entropy_is_exact_when_the_top_holds_all_mass_and_a_lower_bound_otherwise() {
+        let uniform = [0.25f32.ln(); 4];
+        assert!((topk_entropy(&uniform) - 4.0f32.ln()).abs() < 1e-6);
+        let partial = topk_entropy(&uniform[..2]);
+        assert!((partial - (2.0 * 0.25 * 4.0f32.ln() - 0.5 * 0.5f32.ln())).abs() < 1e-6 && partial < 4.0f32.ln());
+    }
+}

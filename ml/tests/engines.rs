@@ -1,0 +1,303 @@
+//! Sampling through an OpenAI-compatible engine (issue 20), end to end through the real binaries.
+//!
+//! - `rollout` with `backend = "http"`: the stage starts `rredcot serve` over the tiny policy,
+//!   samples through `/v1/completions` and stops it; its rows equal the built-in rollout's for the
+//!   same seeds (same tokens, text, rewards; logprobs within 1e-5; prefill entropies within 1e-5),
+//!   with one request per row and with `group_requests` (one request of n choices per prompt);
+//!   MC continuations (`score_mc`) through the engine equal the built-in ones. No engine outlives
+//!   its stage.
+//! - Bad engines, each a clear error naming the stage, the URL and the request, with nothing
+//!   cached: unreachable, serving another model, text without token ids, fewer samples than asked,
+//!   a hang (timeout), death mid-run; and a killed run leaves no engine behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rredcot::artifact::rows::RolloutRow;
+use rredcot::artifact::{read_rows, Schema};
+use serde_json::Value;
+
+#[allow(dead_code)]
+mod common;
+use common::{output, record, repo, TINY_WORLD};
+
+fn worker() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
+}
+
+const WORLD: &str = r#"
+[[stage]]
+name = "taskgen"
+
+[[stage]]
+name = "tokenizer"
+uses = "tokenizer_train"
+inputs = { corpus = "taskgen.train" }
+
+[[stage]]
+name = "sft"
+uses = "bootstrap_sft"
+inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
+"#;
+
+/// `rredcot serve` over the policy, as a stage starts it.
+const SERVE: &str = "{rredcot} serve --model {policy} --port {port} --model-name {policy_hash} --device cpu --threads 1 --max-new-tokens 64";
+
+const ROLLOUT: &str = "inputs = { prompts = \"taskgen.eval\", policy = \"sft.model\" }\nparams = { seed = 3, limit = 3, group_size = 3, max_new_tokens = 40, batch_size = 4, device = \"cpu\", threads = 1";
+
+fn pipeline(dir: &Path, stages: &str) -> PathBuf {
+    let p = dir.join("engines.toml");
+    std::fs::write(&p, format!("stage_dirs = [{:?}]\n{WORLD}\n{stages}", repo().join("stages").display().to_string())).unwrap();
+    p
+}
+
+fn run(store: &Path, pipeline: &Path, args: &[&str]) -> Output {
+    let mut c = Command::new(worker());
+    c.arg("--store").arg(store).args(["pipeline", "run"]).arg(pipeline).arg("--json");
+    for s in TINY_WORLD {
+        c.args(["--set", s]);
+    }
+    c.args(args).output().unwrap()
+}
+
+fn run_ok(store: &Path, pipeline: &Path, args: &[&str]) -> Value {
+    let out = run(store, pipeline, args);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Processes whose command line contains `needle` (the engine's model name is the policy hash).
+fn processes_with(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !name.chars().all(|c| c.is_ascii_digit()) || name == std::process::id().to_string() {
+            continue;
+        }
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) && !cmd.contains("cargo") {
+            found.push(format!("{name}: {cmd}"));
+        }
+    }
+    found
+}
+
+fn rollouts(store: &Path, s: &Value, stage: &str) -> Vec<RolloutRow> {
+    read_rows(&output(store, s, stage, "rollouts"), Schema::Rollouts).unwrap()
+}
+
+fn assert_same_rollouts(a: &[RolloutRow], b: &[RolloutRow], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        let at = format!("{what}: prompt {} sample {}", x.prompt_id, x.sample_idx);
+        assert_eq!((&x.prompt_id, x.sample_idx, &x.completion_ids), (&y.prompt_id, y.sample_idx, &y.completion_ids), "{at}");
+        assert_eq!((&x.text, x.reward, &x.finish_reason, &x.answer_extracted, x.cot_end), (&y.text, y.reward, &y.finish_reason, &y.answer_extracted, y.cot_end), "{at}");
+        assert_eq!(x.policy_ckpt, y.policy_ckpt);
+        for (k, (p, q)) in x.logprobs.iter().zip(&y.logprobs).enumerate() {
+            assert!((p - q).abs() < 1e-5, "{at} token {k}: logprob {p} vs {q}");
+        }
+        for (k, (p, q)) in x.entropies.iter().zip(&y.entropies).enumerate() {
+            assert!((p - q).abs() < 1e-5, "{at} token {k}: entropy {p} vs {q}");
+        }
+        assert_eq!((x.logprobs.len(), x.entropies.len()), (y.logprobs.len(), y.entropies.len()), "{at}");
+    }
+}
+
+#[test]
+fn rollouts_and_mc_continuations_through_rredcot_serve_equal_the_builtin_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let http = format!("backend = \"http\", server_command = \"{SERVE}\", concurrency = 4, timeout_s = 120.0");
+    let stages = format!(
+        r#"
+[[stage]]
+name = "local"
+uses = "rollout"
+{ROLLOUT} }}
+
+[[stage]]
+name = "http"
+uses = "rollout"
+{ROLLOUT}, {http} }}
+
+[[stage]]
+name = "local_grouped"
+uses = "rollout"
+{ROLLOUT}, group_requests = true }}
+
+[[stage]]
+name = "http_grouped"
+uses = "rollout"
+{ROLLOUT}, group_requests = true, entropies = "topk", top_logprobs = 5, {http} }}
+
+[[stage]]
+name = "segment"
+inputs = {{ rollouts = "local.rollouts", tokenizer = "sft.model" }}
+params = {{ method = "keyword", max_segments = 4 }}
+
+[[stage]]
+name = "mc_local"
+uses = "score_mc"
+inputs = {{ rollouts = "local.rollouts", segments = "segment.segments", prompts = "taskgen.eval", policy = "sft.model" }}
+params = {{ k = 2, max_new_tokens = 16, device = "cpu", threads = 1 }}
+
+[[stage]]
+name = "mc_http"
+uses = "score_mc"
+inputs = {{ rollouts = "local.rollouts", segments = "segment.segments", prompts = "taskgen.eval", policy = "sft.model" }}
+params = {{ k = 2, max_new_tokens = 16, device = "cpu", threads = 1, {http} }}
+"#
+    );
+    let p = pipeline(dir.path(), &stages);
+    let s = run_ok(&store, &p, &[]);
+
+    let local = rollouts(&store, &s, "local");
+    assert_eq!(local.len(), 9);
+    assert!(local.iter().any(|r| !r.completion_ids.is_empty()));
+    assert_same_rollouts(&local, &rollouts(&store, &s, "http"), "one request per row");
+    // Grouped seeds: sample i = sample 0's seed + i; the engine gets one request per prompt.
+    let grouped = rollouts(&store, &s, "local_grouped");
+    assert_ne!(grouped.iter().map(|r| &r.completion_ids).collect::<Vec<_>>(), local.iter().map(|r| &r.completion_ids).collect::<Vec<_>>());
+    let http_grouped = rollouts(&store, &s, "http_grouped");
+    // top-k entropies are estimates (lower bounds): compare tokens and logprobs, then the bound.
+    let without_entropies = |rows: &[RolloutRow]| rows.iter().map(|r| RolloutRow { entropies: vec![], ..r.clone() }).collect::<Vec<_>>();
+    assert_same_rollouts(&without_entropies(&grouped), &without_entropies(&http_grouped), "grouped requests");
+    for (g, h) in grouped.iter().zip(&http_grouped) {
+        assert_eq!(h.entropies.len(), g.entropies.len());
+        for (exact, est) in g.entropies.iter().zip(&h.entropies) {
+            assert!(*est <= exact + 1e-4 && *est >= 0.0, "top-5 estimate {est} vs exact {exact}");
+        }
+    }
+
+    let rec = record(&store, &s, "http");
+    let m = &rec["metrics"];
+    assert_eq!((m["engine"].as_str(), m["engine_version"].as_str(), m["entropies"].as_str()), (Some("rredcot"), Some(env!("CARGO_PKG_VERSION")), Some("prefill")), "{rec}");
+    assert!(m["engine_url"].as_str().unwrap().starts_with("http://127.0.0.1:"), "{rec}");
+    assert!(m["engine_logprob_gap_max"].as_f64().unwrap() < 1e-5, "{rec}");
+    // One probe plus one request per row; grouped: one probe plus one request per prompt.
+    assert_eq!(rec["counters"]["http_requests"].as_i64(), Some(1 + 9), "{rec}");
+    let rec_g = record(&store, &s, "http_grouped");
+    assert_eq!(rec_g["counters"]["http_requests"].as_i64(), Some(1 + 3), "{rec_g}");
+    assert_eq!(rec_g["metrics"]["entropies"].as_str(), Some("topk-estimate"), "{rec_g}");
+    assert_eq!(rec["counters"]["tokens_generated"], record(&store, &s, "local")["counters"]["tokens_generated"]);
+
+    // MC continuations through the engine: the same completions, so the same values.
+    let (mc_l, mc_h) = (record(&store, &s, "mc_local"), record(&store, &s, "mc_http"));
+    assert_eq!(mc_h["metrics"]["engine"].as_str(), Some("rredcot"), "{mc_h}");
+    assert_eq!(mc_l["outputs"]["scores"]["hash"], mc_h["outputs"]["scores"]["hash"], "{mc_l}\n{mc_h}");
+    assert_eq!(mc_l["outputs"]["completions"]["hash"], mc_h["outputs"]["completions"]["hash"]);
+
+    // Every engine the stages started is gone.
+    let hash = s["keys"].as_object().unwrap().len(); // the run is over
+    assert!(hash > 0);
+    let policy = rec["inputs"]["policy"]["hash"].as_str().unwrap().to_string();
+    assert!(processes_with(&format!("--model-name {policy}")).is_empty(), "{:?}", processes_with(&policy));
+}
+
+/// A fake engine: `python3 fake.py PORT MODE MODEL PIDFILE`. MODE: ok, text (no token ids), fewer
+/// (one choice short), hang (completions never answer), die (exits on the second completion
+/// request), model (lists another model).
+const FAKE: &str = r#"
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, mode, model, pidfile = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+open(pidfile, "w").write(str(os.getpid()))
+calls = [0]
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def reply(self, body, status=200):
+        b = json.dumps(body).encode()
+        self.send_response(status); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self.reply({"object": "list", "data": [{"id": "someone-else" if mode == "model" else model, "owned_by": "fake"}]})
+        elif self.path == "/version":
+            self.reply({"version": "0.0-fake"})
+        else:
+            self.reply({"error": "no"}, 404)
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        calls[0] += 1
+        if mode == "hang":
+            time.sleep(3600)
+        if mode == "die" and calls[0] >= 2:
+            os._exit(3)
+        n = req["n"] - (1 if mode == "fewer" else 0)
+        lp = {"tokens": ["a"] if mode == "text" else ["token_id:1"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5}]}
+        choices = [{"index": i, "text": "a", "finish_reason": "length", "logprobs": lp} for i in range(n)]
+        self.reply({"id": "x", "object": "text_completion", "model": model, "choices": choices})
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+
+#[test]
+fn bad_engines_are_clear_errors_with_nothing_cached_and_no_engine_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let fake = dir.path().join("fake.py");
+    std::fs::write(&fake, FAKE).unwrap();
+    let pidfile = dir.path().join("engine.pid");
+    let stages = format!("[[stage]]\nname = \"roll\"\nuses = \"rollout\"\n{ROLLOUT}, backend = \"http\", timeout_s = 20.0, retries = 1 }}\n");
+    let p = pipeline(dir.path(), &stages);
+    let world = run_ok(&store, &p, &["--until", "sft"]);
+    let committed = || std::fs::read_dir(store.join("instances")).unwrap().flatten().filter(|e| e.path().join("run.json").exists()).count();
+    let before = committed();
+    assert_eq!(before, world["keys"].as_object().unwrap().len());
+    let cmd = |mode: &str| format!("roll.server_command=python3 {} {{port}} {mode} {{policy_hash}} {}", fake.display(), pidfile.display());
+
+    let cases: Vec<(Vec<String>, &[&str])> = vec![
+        (vec!["roll.base_url=http://127.0.0.1:9/v1".into()], &["http://127.0.0.1:9/v1", "did not answer"]),
+        (vec![cmd("model")], &["serves [\"someone-else\"]", "refusing samples from another model", "/v1/models"]),
+        (vec![cmd("text")], &["no token ids", "return_tokens_as_token_ids", "/v1/completions", "probe"]),
+        (vec![cmd("fewer")], &["0 choice(s) for n = 1", "/v1/completions"]),
+        (vec![cmd("hang"), "roll.timeout_s=3.0".into(), "roll.retries=0".into()], &["/v1/completions", "probe", "failed after 1 attempt", "tim"]),
+        (vec![cmd("die")], &["/v1/completions", "exited", "sample"]),
+        (vec![cmd("ok"), "roll.served_model=".into(), "roll.server_command=".into(), "roll.base_url=http://127.0.0.1:9/v1".into()], &["served_model is empty"]),
+    ];
+    for (sets, want) in &cases {
+        let _ = std::fs::remove_file(&pidfile);
+        let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", s.as_str()]).collect();
+        let out = run(&store, &p, &args);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{sets:?} should fail: {text}");
+        assert!(text.contains("stage `roll`"), "{sets:?}: the error names the stage: {text}");
+        for w in *want {
+            assert!(text.contains(w), "{sets:?}: no {w:?} in: {text}");
+        }
+        assert_eq!(committed(), before, "{sets:?}: nothing is cached");
+        if let Ok(pid) = std::fs::read_to_string(&pidfile) {
+            assert!(!Path::new(&format!("/proc/{pid}")).exists() || is_zombie(&pid), "{sets:?}: engine {pid} outlived its stage");
+        }
+    }
+
+    // A run killed while the engine hangs leaves no engine behind.
+    let _ = std::fs::remove_file(&pidfile);
+    let mut c = Command::new(worker());
+    c.arg("--store").arg(&store).args(["pipeline", "run"]).arg(&p);
+    for s in TINY_WORLD.iter().map(|s| s.to_string()).chain([cmd("hang")]) {
+        c.args(["--set", &s]);
+    }
+    let mut child = c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let t0 = Instant::now();
+    while !pidfile.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the engine never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(&pid) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "engine {pid} outlived the killed run");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(committed(), before);
+}
+
+fn is_zombie(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| s.split_whitespace().nth(2) == Some("Z")).unwrap_or(true)
+}
