@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Credit assignment against ground truth (issue 19 point 2). Writes bench/results/credit_benchmark.json.
+# pipelines/credit-benchmark.toml: the quickstart's SFT policy samples GROUP traces for each of
+# PROMPTS eval problems; in every incorrect trace the first wrong step is located exactly against
+# the problem's worked solution; the traces are cut one segment per line and every credit method
+# scores them, one stage at a time (-j 1). Per method: top-1 (share of traces where the segment it
+# blames most is the first wrong step), mean rank of that step, chance (1/T), and cost per trace:
+# seconds in the stage's scoring/sampling loop (model load and process start excluded, from the
+# run record) plus the token positions and generated tokens it ran. The first run trains the
+# quickstart SFT model unless the store has it (`make run` shares it). FORCE=1 reruns the scorers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/env.sh
+STORE=${STORE:-$PWD/.rredcot/store}
+PROMPTS=${PROMPTS:-25}
+GROUP=${GROUP:-4}
+PROFILE=${PROFILE:-release}
+if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
+BIN=./target/$PROFILE/rredcot
+force=()
+if [ "${FORCE:-0}" = 1 ]; then
+  for s in sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad progress srpo rrpo benchmark; do force+=(--force "$s"); done
+fi
+$BIN --store "$STORE" pipeline run pipelines/credit-benchmark.toml -j 1 --json --set rollout.limit=$PROMPTS --set rollout.group_size=$GROUP "${force[@]}" > "$TMP/run.json"
+
+$PY - "$TMP/run.json" "$STORE" bench/results/credit_benchmark.json "$PROMPTS" "$GROUP" "$PROFILE" <<'PYEOF'
+import json, os, sys, platform
+import pyarrow.parquet as pq
+run, store, out, prompts, group, profile = sys.argv[1:7]
+summary = json.load(open(run))
+def inst(stage): return os.path.join(store, "instances", summary["keys"][stage])
+def record(stage): return json.load(open(os.path.join(inst(stage), "run.json")))
+rows = pq.read_table(os.path.join(inst("benchmark"), "outputs", "report", "credit_benchmark.parquet")).to_pylist()
+bench = record("benchmark")
+# Which stage each benchmark member's scores came from (sigma_l1 is sigma's scores blamed by weight).
+source = {"sigma_l1": "sigma"}
+per = {}
+for r in rows:
+    m = r["method"]
+    stage = source.get(m, m)
+    entry = {"blame": r["blame"], "top1_first_wrong_step": r["top1_first_wrong_step"], "top1_stderr": r["top1_stderr"],
+             "mean_rank": None if r["mean_rank"] != r["mean_rank"] else r["mean_rank"],
+             "mean_rank_stderr": None if r["mean_rank_stderr"] != r["mean_rank_stderr"] else r["mean_rank_stderr"],
+             "forward_tokens_per_trace": r["forward_tokens_per_trace"], "tokens_generated_per_trace": r["tokens_generated_per_trace"]}
+    if m == "random":
+        entry["cost_s_per_trace"] = 0.0
+    else:
+        rec = record(stage)
+        entry["cost_s_per_trace"] = rec["metrics"].get("scoring_s_per_trace")
+        entry["stage_wall_s"] = rec["wall_s"]
+    per[m] = entry
+chance = rows[0]
+res = {
+    "model": "quickstart tiny Qwen2 (bootstrap_sft defaults), CPU f32, 2 threads",
+    "traces": chance["traces"],
+    "incorrect_traces": sum(v for k, v in bench["counters"].items() if k.startswith("traces_") and k not in ("traces_correct", "traces_benchmarked")),
+    "not_located": {k[len("traces_"):]: v for k, v in bench["counters"].items() if k.startswith("traces_") and k not in ("traces_correct", "traces_benchmarked", "traces_located")},
+    "random_top1": chance["chance_top1"],
+    "random_mean_rank": chance["chance_mean_rank"],
+    "per_method": per,
+    "blame": "drop: largest drop of the value curve (ΔR + Δv for σ; MC / progress success probability); max_sigma: largest σ (largest share of a negative advantage in the update); min_sigma: smallest σ; min_value: most negative LOO PMI; max_value: largest gradient norm; reset_step: the step SRPO / RRPO reset to",
+    "cost_measure": "cost_s_per_trace: seconds in the stage's scoring/sampling loop per trace scored (every trace, correct ones too; model load and process start excluded)",
+    "scale": {"prompts": int(prompts), "samples_per_prompt": int(group), "segmentation": "one segment per line (keyword, \\n)"},
+    "build_profile": profile,
+    "machine": platform.machine() + " " + str(os.cpu_count()) + " cpus",
+    "command": f"PROMPTS={prompts} GROUP={group} bash bench/credit_benchmark.sh",
+}
+json.dump(res, open(out, "w"), indent=2)
+print(json.dumps({k: v for k, v in res.items() if k != "per_method"}, indent=2))
+for m, v in per.items():
+    print(f"{m:15s} top1 {v['top1_first_wrong_step']:.3f} ± {v['top1_stderr']:.3f}  rank {v['mean_rank'] if v['mean_rank'] is None else round(v['mean_rank'], 2)}  cost {v['cost_s_per_trace']}")
+PYEOF
