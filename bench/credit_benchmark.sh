@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
 STORE=${STORE:-$PWD/.rredcot/store}
-PROMPTS=${PROMPTS:-25}
+PROMPTS=${PROMPTS:-50}
 GROUP=${GROUP:-4}
 PROFILE=${PROFILE:-release}
 if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi

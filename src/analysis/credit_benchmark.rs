@@ -362,8 +362,19 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     Ok(())
 }
 
+/// `a 3, b 1` from the values of `items`, in key order.
+fn tally<K: Ord + std::fmt::Display>(items: impl Iterator<Item = K>) -> String {
+    let mut counts: BTreeMap<K, usize> = BTreeMap::new();
+    for i in items {
+        *counts.entry(i).or_default() += 1;
+    }
+    counts.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+}
+
 fn write_report(ctx: &mut StageContext, out: &Path, title: &str, rows: &[MethodRow], per_trace: &[TraceRow], counts: &BTreeMap<String, i64>, located: usize) -> Result<()> {
     let mut md = format!("# {title}\n\n");
+    // The chance rows carry one row per located trace.
+    let located_rows: Vec<&TraceRow> = per_trace.iter().filter(|t| t.method == "random").collect();
     let incorrect: i64 = counts.iter().filter(|(k, _)| *k != "correct").map(|(_, v)| v).sum();
     let _ = writeln!(
         md,
@@ -371,6 +382,7 @@ fn write_report(ctx: &mut StageContext, out: &Path, title: &str, rows: &[MethodR
         counts.get("correct").copied().unwrap_or(0),
         counts.iter().filter(|(k, _)| !["correct", "located"].contains(&k.as_str())).map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
     );
+    let _ = writeln!(md, "Where the first wrong step is (segment: traces): {}. What went wrong: {}.\n", tally(located_rows.iter().map(|l| l.first_wrong_segment)), tally(located_rows.iter().map(|l| l.error.as_str())));
     md += "`top1`: share of traces where the segment the method blames most is the first wrong step (ties share the hit); `mean_rank`: mean rank of the first wrong step in the method's blame order (1 = blamed most); `chance`: a random segment (1/T and (T + 1)/2 per trace). Blame rules: `drop` the largest drop of the value curve (ΔR + Δv), `max_sigma` the largest σ (the largest share of a negative advantage in the update), `min_sigma` the smallest σ, `min_value` the most negative R (LOO PMI), `max_value` the largest R (gradient norm), `reset_step` the step a reset stage chose (no rank). Cost: token positions run through the model and tokens generated per trace, from the scoring stage's run record.\n\n";
     md += &write_table(
         out,
