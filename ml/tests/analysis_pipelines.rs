@@ -206,27 +206,7 @@ fn fig3_truncation_is_recounted_and_fig7_passes_the_sd_table_through() {
     assert!(md.contains("Skipped: no `scores.<method>` inputs"), "{md}");
 }
 
-#[derive(Debug, serde::Deserialize)]
-struct BenchRow {
-    method: String,
-    blame: String,
-    traces: i64,
-    top1_first_wrong_step: f64,
-    mean_rank: f64,
-    chance_top1: f64,
-}
-
-#[derive(Debug, serde::Deserialize)]
-struct TraceRow {
-    prompt_id: String,
-    sample_idx: i32,
-    segments: i32,
-    first_wrong_segment: i32,
-    error: String,
-    method: String,
-    hit: f64,
-    rank: f64,
-}
+use rredcot::analysis::credit_benchmark::{MethodRow, TraceRow};
 
 #[derive(Debug, serde::Deserialize)]
 struct Reset {
@@ -249,7 +229,7 @@ fn credit_benchmark_locates_real_errors_and_scores_methods_as_recomputed() {
     for f in ["results.md", "credit_benchmark.csv", "first_wrong_steps.csv", "credit_top1.png", "credit_top1.svg"] {
         assert!(report.join(f).is_file(), "missing {f}");
     }
-    let rows: Vec<BenchRow> = table(&report.join("credit_benchmark.parquet"));
+    let rows: Vec<MethodRow> = table(&report.join("credit_benchmark.parquet"));
     let traces: Vec<TraceRow> = table(&report.join("first_wrong_steps.parquet"));
     let methods: Vec<&str> = rows.iter().map(|r| r.method.as_str()).collect();
     assert_eq!(methods, ["random", "grad", "loo", "mc20", "mc5", "progress", "sigma", "sigma_answer", "sigma_l1", "sigma_signed", "sigma_softmax", "sigma_solution", "rrpo", "srpo"]);

@@ -165,15 +165,16 @@ pub struct MethodRow {
 
 /// Per-trace row: where the first wrong step is, and each method's rank of it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct TraceRow {
-    prompt_id: String,
-    sample_idx: i32,
-    segments: i32,
-    first_wrong_segment: i32,
-    error: String,
-    method: String,
-    hit: f64,
-    rank: f64,
+pub struct TraceRow {
+    pub prompt_id: String,
+    pub sample_idx: i32,
+    pub segments: i32,
+    /// 1-based.
+    pub first_wrong_segment: i32,
+    pub error: String,
+    pub method: String,
+    pub hit: f64,
+    pub rank: f64,
 }
 
 fn mean_stderr(x: &[f64]) -> (f64, f64) {
