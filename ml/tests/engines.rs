@@ -189,6 +189,39 @@ params = {{ k = 2, max_new_tokens = 16, device = "cpu", threads = 1, {http} }}
     assert_eq!(mc_l["outputs"]["scores"]["hash"], mc_h["outputs"]["scores"]["hash"], "{mc_l}\n{mc_h}");
     assert_eq!(mc_l["outputs"]["completions"]["hash"], mc_h["outputs"]["completions"]["hash"]);
 
+    // entropies = "none": NaN entropies, which keyword segmentation accepts and entropy-based
+    // segmentation refuses, naming the row and the fix.
+    let none = format!(
+        r#"{stages}
+[[stage]]
+name = "http_none"
+uses = "rollout"
+{ROLLOUT}, entropies = "none", {http} }}
+
+[[stage]]
+name = "segment_none"
+uses = "segment"
+inputs = {{ rollouts = "http_none.rollouts", tokenizer = "sft.model" }}
+params = {{ method = "keyword", max_segments = 4 }}
+
+[[stage]]
+name = "segment_hybrid"
+uses = "segment"
+inputs = {{ rollouts = "http_none.rollouts", tokenizer = "sft.model" }}
+params = {{ method = "hybrid", max_segments = 4 }}
+"#
+    );
+    let p_none = pipeline(dir.path(), &none);
+    let out = run(&store, &p_none, &["--until", "segment_none"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let no_entropies: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rollouts(&store, &no_entropies, "http_none");
+    assert!(rows.iter().all(|r| r.entropies.len() == r.completion_ids.len() && r.entropies.iter().all(|e| e.is_nan())));
+    assert_eq!(record(&store, &no_entropies, "http_none")["metrics"]["entropies"].as_str(), Some("none"));
+    let out = run(&store, &p_none, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("segment_hybrid") && err.contains("no entropies") && err.contains("entropies = \"prefill\""), "{err}");
+
     // Every engine the stages started is gone.
     let hash = s["keys"].as_object().unwrap().len(); // the run is over
     assert!(hash > 0);
