@@ -56,7 +56,7 @@ run: build
 
 test: $(TORCH_STAMP) $(TEST_STAMP)
 	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace -- --test-threads=2
+	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2
 
 # CUDA checks (issue 17): tests/gpu.rs (AdamW restore on CUDA, CPU/GPU agreement of logits,
 # tokens and scores, a shortened quickstart with device = cuda against the CPU), then every ML

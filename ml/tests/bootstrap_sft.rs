@@ -130,3 +130,63 @@ fn every_problem_over_max_len_is_a_clear_error() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("longer than max_len = 8"), "{text}");
 }
+
+#[test]
+fn an_imperfect_teacher_skips_the_last_step_of_a_fixed_share_of_demonstrations() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = "steps = 5, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 5, eval_max_new_tokens = 16";
+    let taskgen = "seed = 4, n_train = 400, n_eval = 20, min_steps = 2, max_steps = 3";
+    let clean = run(
+        &dir.path().join("clean"),
+        &pipeline(dir.path(), taskgen, tiny),
+    );
+    assert_eq!(clean["counters"]["teacher_skipped_last_step"], 0);
+    let rec = run(
+        &dir.path().join("half"),
+        &pipeline(
+            dir.path(),
+            taskgen,
+            &format!("{tiny}, teacher_skip_rate = 0.5"),
+        ),
+    );
+    let skipped = rec["counters"]["teacher_skipped_last_step"]
+        .as_i64()
+        .unwrap();
+    // Binomial(400, 0.5): 5 standard deviations either side.
+    assert!(
+        (150..=250).contains(&skipped),
+        "{skipped} of 400 demonstrations skipped"
+    );
+    assert_ne!(
+        rec["outputs"]["model"]["hash"],
+        clean["outputs"]["model"]["hash"]
+    );
+
+    // A one-step solution has no last step to skip: an error naming the file, row and problem.
+    let one_step = "seed = 4, n_train = 50, n_eval = 20, min_steps = 1, max_steps = 1";
+    let out = run_output(
+        &dir.path().join("bad"),
+        &pipeline(
+            dir.path(),
+            one_step,
+            &format!("{tiny}, teacher_skip_rate = 1.0"),
+        ),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("train.parquet row 0 (problem tg-")
+            && err.contains("teacher_skip_rate needs taskgen's worked solutions"),
+        "{err}"
+    );
+    let out = run_output(
+        &dir.path().join("bad"),
+        &pipeline(
+            dir.path(),
+            taskgen,
+            &format!("{tiny}, teacher_skip_rate = 1.5"),
+        ),
+    );
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("teacher_skip_rate must be in [0, 1], got 1.5"));
+}

@@ -252,11 +252,34 @@ pub fn generate(rng: &mut ChaCha8Rng, k: &Knobs) -> Problem {
     Problem {
         kind: if word { "word" } else { "chain" },
         text: sentences.join(" "),
-        solution: format!("{THINK_OPEN}\n{}\n{THINK_CLOSE}\nThe answer is {v}.", lines.join("\n")),
+        solution: format!(
+            "{THINK_OPEN}\n{}\n{THINK_CLOSE}\nThe answer is {v}.",
+            lines.join("\n")
+        ),
         answer: v,
         ops,
         distractors: n_distractors,
     }
+}
+
+/// A worked solution as an imperfect teacher writes it: the thinking closes before the last
+/// operation and the answer is the value reached so far (`bootstrap_sft`'s `teacher_skip_rate`).
+/// A policy distilled from such demonstrations skips the last step at some rate, a habit only the
+/// outcome reward reveals. `None` unless `solution` is taskgen's format with at least two steps.
+pub fn solution_skipping_last_step(solution: &str) -> Option<String> {
+    let lines: Vec<&str> = solution.lines().collect();
+    let open = lines.iter().position(|l| l.trim() == THINK_OPEN)?;
+    let close = lines.iter().position(|l| l.trim() == THINK_CLOSE)?;
+    // The start line, then at least two step lines.
+    if close < open + 4 || !lines.get(close + 1)?.starts_with("The answer is ") {
+        return None;
+    }
+    let kept = &lines[open + 1..close - 1];
+    let value: u64 = kept.last()?.rsplit_once(" = ")?.1.trim().parse().ok()?;
+    Some(format!(
+        "{THINK_OPEN}\n{}\n{THINK_CLOSE}\nThe answer is {value}.",
+        kept.join("\n")
+    ))
 }
 
 /// `n` problems from `rng` whose normalized text is not in `taken` (which they are added to).
@@ -370,6 +393,37 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_skipping_teacher_closes_before_the_last_step_and_answers_the_value_so_far() {
+        let full = format!("{THINK_OPEN}\nStart with 4.\nAdd 5: 4 + 5 = 9\nMultiply by 3: 9 * 3 = 27\n{THINK_CLOSE}\nThe answer is 27.");
+        assert_eq!(
+            solution_skipping_last_step(&full).as_deref(),
+            Some(format!("{THINK_OPEN}\nStart with 4.\nAdd 5: 4 + 5 = 9\n{THINK_CLOSE}\nThe answer is 9.").as_str())
+        );
+        let one_step = format!(
+            "{THINK_OPEN}\nStart with 4.\nAdd 5: 4 + 5 = 9\n{THINK_CLOSE}\nThe answer is 9."
+        );
+        assert_eq!(solution_skipping_last_step(&one_step), None);
+        assert_eq!(solution_skipping_last_step("The answer is 27."), None);
+        // Every generated problem with two or more steps has one, and its answer is the value
+        // before the last operation.
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..200 {
+            let p = generate(&mut rng, &knobs());
+            let flawed = solution_skipping_last_step(&p.solution).expect("taskgen solution");
+            let before_last = p.solution.lines().rev().nth(3).unwrap();
+            let value = before_last.rsplit_once(" = ").map_or_else(
+                || first_number(before_last).unwrap(),
+                |(_, v)| v.parse().unwrap(),
+            );
+            assert!(
+                flawed.ends_with(&format!("{THINK_CLOSE}\nThe answer is {value}.")),
+                "{flawed}"
+            );
+            assert_eq!(flawed.lines().count() + 1, p.solution.lines().count());
+        }
+    }
+
     fn knobs() -> Knobs {
         Knobs {
             min_steps: 2,
@@ -447,7 +501,12 @@ mod tests {
             assert_eq!(solve(&p.text), p.answer, "{}\n{}", p.text, p.solution);
             let all: Vec<&str> = p.solution.lines().collect();
             assert_eq!(all.len(), p.ops.len() + 4);
-            assert_eq!((all[0], all[all.len() - 2]), ("<think>", "</think>"), "{}", p.solution);
+            assert_eq!(
+                (all[0], all[all.len() - 2]),
+                ("<think>", "</think>"),
+                "{}",
+                p.solution
+            );
             assert_eq!(*all.last().unwrap(), format!("The answer is {}.", p.answer));
             let lines = &all[1..all.len() - 2];
             let mut prev = first_number(lines[0]).unwrap();

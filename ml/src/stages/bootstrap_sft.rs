@@ -6,17 +6,23 @@
 //! tokens only. AdamW, linear warmup then cosine decay to `min_lr_ratio`, gradient clipping. After
 //! training, greedy decoding on the first `eval_n` eval problems gives the accuracy recorded in the
 //! run record (`metrics.eval_accuracy`). Deterministic for the same inputs, params and threads.
+//!
+//! `teacher_skip_rate` makes the teacher imperfect: that share of the demonstrations closes the
+//! thinking before the last operation and answers the value reached so far. The quickstart uses it
+//! so the SFT policy has a habit that RL can remove from the outcome reward alone (from a perfect
+//! teacher's policy, 20 GRPO steps moved nothing measurable: README, "Does RL visibly learn").
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rredcot::artifact::rows::PromptRow;
 use rredcot::artifact::{read_rows, Schema};
 use rredcot::engine::StageContext;
 use rredcot::stages::prompt_text::prompt_text;
+use rredcot::stages::taskgen::solution_skipping_last_step;
 use tch::nn::OptimizerConfig;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -162,9 +168,30 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if train.is_empty() {
         bail!("{}: no training problems", train_path.display());
     }
+    let skip_rate: f64 = ctx.param("teacher_skip_rate")?;
+    if !(0.0..=1.0).contains(&skip_rate) {
+        bail!("bootstrap_sft: teacher_skip_rate must be in [0, 1], got {skip_rate}");
+    }
+    // Which demonstrations skip their last step: fixed per row (the teacher's dataset), drawn
+    // from its own stream so the rate does not change the batch order.
+    let mut teacher_rng = ChaCha8Rng::seed_from_u64(seed);
+    teacher_rng.set_stream(1);
     let mut examples = Vec::with_capacity(train.len());
     let mut too_long = 0i64;
-    for row in &train {
+    let mut flawed = 0i64;
+    for (i, row) in train.iter().enumerate() {
+        let flawed_row;
+        let row = if skip_rate > 0.0 && teacher_rng.random_bool(skip_rate) {
+            let solution = row.solution.as_deref().unwrap_or_default();
+            let skipped = solution_skipping_last_step(solution).with_context(|| {
+                format!("{} row {i} (problem {}): teacher_skip_rate needs taskgen's worked solutions with two or more steps, got {solution:?}", train_path.display(), row.id)
+            })?;
+            flawed += 1;
+            flawed_row = PromptRow { solution: Some(skipped), ..row.clone() };
+            &flawed_row
+        } else {
+            row
+        };
         let ex = encode_example(&tok, row).with_context(|| format!("{}", train_path.display()))?;
         if (ex.0.len() + ex.1.len()) as i64 > shape.max_len {
             too_long += 1;
@@ -173,6 +200,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         examples.push(ex);
     }
     ctx.count("examples_skipped_too_long", too_long);
+    ctx.count("teacher_skipped_last_step", flawed);
     if examples.is_empty() {
         bail!("{}: every problem is longer than max_len = {} tokens", train_path.display(), shape.max_len);
     }
