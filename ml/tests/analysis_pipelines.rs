@@ -303,6 +303,25 @@ fn credit_benchmark_locates_real_errors_and_scores_methods_as_recomputed() {
     assert_eq!(counted, rollouts.iter().filter(|r| r.reward == 0.0).count() as i64, "{c:?}");
     assert_eq!(c["traces_located"].as_i64(), Some(located as i64));
 
+    // `locate_errors` keeps exactly the traces the benchmark located, and names every other row
+    // with the benchmark's reason.
+    let kept: Vec<RolloutRow> = read_rows(&output(&store, &s, "locate", "rollouts"), Schema::Rollouts).unwrap();
+    let mut kept_ids: Vec<(String, i32)> = kept.iter().map(|r| (r.prompt_id.clone(), r.sample_idx)).collect();
+    let mut located_ids: Vec<(String, i32)> = chance.iter().map(|t| (t.prompt_id.clone(), t.sample_idx)).collect();
+    kept_ids.sort();
+    located_ids.sort();
+    assert_eq!(kept_ids, located_ids);
+    #[derive(serde::Deserialize)]
+    struct Skipped {
+        reason: String,
+    }
+    let skipped: Vec<Skipped> = table(&output(&store, &s, "locate", "skipped"));
+    assert_eq!(skipped.len() + kept.len(), rollouts.len(), "every rollout kept or skipped with a reason");
+    for (reason, n) in c.iter().filter(|(k, _)| k.starts_with("traces_") && !["traces_located", "traces_benchmarked"].contains(&k.as_str())) {
+        let reason = &reason["traces_".len()..];
+        assert_eq!(skipped.iter().filter(|x| x.reason == reason).count() as i64, n.as_i64().unwrap(), "skipped as {reason}");
+    }
+
     // A blame for a method that is not wired is an error naming it.
     let p = repo().join("pipelines/credit-benchmark.toml");
     let out = worker(&store, &["pipeline", "run", p.to_str().unwrap()], &[&sets[..], &["benchmark.blame={\"mc50\" = \"drop\"}"]].concat());

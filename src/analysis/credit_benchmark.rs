@@ -25,6 +25,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::first_wrong::{first_wrong, reference_steps, Verdict};
+use super::first_wrong_arith::first_wrong_arithmetic;
 use super::stats::ranks;
 use super::{write_table, Cell};
 use crate::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
@@ -32,6 +33,7 @@ use crate::artifact::{read_rows, read_table_columns, Schema};
 use crate::engine::StageContext;
 use crate::report::plots::{self, Bar};
 use crate::report::{figures_section, members, provenance};
+use crate::stages::prompt_text::prompt_text;
 
 /// How a method blames the segments of an incorrect trace (param `blame`, per member label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,19 +212,66 @@ fn cost_per_trace(ctx: &StageContext, input: &str) -> (f64, f64) {
     (per("forward_tokens"), per("tokens_generated"))
 }
 
+/// How the first wrong step of a trace is found (param `locator`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Locator {
+    /// Against the default world's worked solution, step by step ([`super::first_wrong`]).
+    Taskgen,
+    /// A free-form trace's own claims: the first false computation or value from nowhere
+    /// ([`super::first_wrong_arith`]); for real models on GSM8K-style problems.
+    Arithmetic,
+}
+
+/// Finds the first wrong step of incorrect rollouts, caching each problem's parsed reference.
+pub struct FirstWrong<'a> {
+    locator: Locator,
+    prompts_path: &'a Path,
+    by_id: HashMap<&'a str, (usize, &'a PromptRow)>,
+    references: HashMap<&'a str, (i64, Vec<(char, i64)>)>,
+}
+
+impl<'a> FirstWrong<'a> {
+    pub fn new(locator: Locator, prompts_path: &'a Path, prompts: &'a [PromptRow]) -> Self {
+        let by_id = prompts.iter().enumerate().map(|(i, p)| (p.id.as_str(), (i, p))).collect();
+        Self { locator, prompts_path, by_id, references: HashMap::new() }
+    }
+
+    /// The verdict on rollout `r` whose completion tokens read `texts` (errors name `at`).
+    pub fn verdict(&mut self, r: &'a RolloutRow, texts: &[String], at: &dyn Fn() -> String) -> Result<Verdict> {
+        let Some(&(prow, prompt)) = self.by_id.get(r.prompt_id.as_str()) else {
+            bail!("{}: no prompt with this id in {}", at(), self.prompts_path.display());
+        };
+        Ok(match self.locator {
+            Locator::Taskgen => {
+                if !self.references.contains_key(r.prompt_id.as_str()) {
+                    let solution = prompt.solution.as_deref().ok_or_else(|| anyhow!("{} row {prow} (prompt {}): no reference solution", self.prompts_path.display(), prompt.id))?;
+                    let parsed = reference_steps(solution).with_context(|| {
+                        format!("{} row {prow} (prompt {}): the reference solution is not a taskgen worked solution, so no first wrong step can be located (locator = \"arithmetic\" checks free-form traces)", self.prompts_path.display(), prompt.id)
+                    })?;
+                    self.references.insert(r.prompt_id.as_str(), parsed);
+                }
+                let (start, steps) = &self.references[r.prompt_id.as_str()];
+                first_wrong(&texts.concat(), *start, steps)
+            }
+            // Only the chain of thought: the answer after it is no step.
+            Locator::Arithmetic => first_wrong_arithmetic(&prompt_text(&prompt.prompt), &texts[..r.cot_len().min(texts.len())].concat()),
+        })
+    }
+}
+
 /// Incorrect rollouts, checked: the located ones and a count per verdict.
-fn locate(ctx: &mut StageContext) -> Result<(Vec<Located>, BTreeMap<String, i64>)> {
+fn locate(ctx: &mut StageContext, locator: Locator) -> Result<(Vec<Located>, BTreeMap<String, i64>)> {
     let prompts_path = ctx.input("prompts")?.to_path_buf();
     let prompts: Vec<PromptRow> = read_rows(&prompts_path, Schema::Prompts)?;
-    let by_id: HashMap<&str, (usize, &PromptRow)> = prompts.iter().enumerate().map(|(i, p)| (p.id.as_str(), (i, p))).collect();
     let rollouts_path = ctx.input("rollouts")?.to_path_buf();
     let rollouts: Vec<RolloutRow> = read_rows(&rollouts_path, Schema::Rollouts)?;
     let segments: Vec<SegmentRow> = read_rows(ctx.input("segments")?, Schema::Segments)?;
     let seg_by: HashMap<(&str, i32), &SegmentRow> = segments.iter().map(|s| ((s.prompt_id.as_str(), s.sample_idx), s)).collect();
     let tok = crate::stages::tokenizer_train::load(ctx.input("tokenizer")?)?;
+    let mut first_wrong = FirstWrong::new(locator, &prompts_path, &prompts);
     let mut counts: BTreeMap<String, i64> = BTreeMap::new();
     let mut located = Vec::new();
-    let mut references: HashMap<&str, (i64, Vec<(char, i64)>)> = HashMap::new();
     let mut progress = ctx.progress(rollouts.len() as u64, "locating first wrong steps");
     for (row, r) in rollouts.iter().enumerate() {
         progress.inc(1);
@@ -231,20 +280,8 @@ fn locate(ctx: &mut StageContext) -> Result<(Vec<Located>, BTreeMap<String, i64>
             continue;
         }
         let at = || format!("{} row {row} (prompt {}, sample {})", rollouts_path.display(), r.prompt_id, r.sample_idx);
-        let Some(&(prow, prompt)) = by_id.get(r.prompt_id.as_str()) else {
-            bail!("{}: no prompt with this id in {}", at(), prompts_path.display());
-        };
-        if !references.contains_key(r.prompt_id.as_str()) {
-            let solution = prompt.solution.as_deref().ok_or_else(|| anyhow!("{} row {prow} (prompt {}): no reference solution", prompts_path.display(), prompt.id))?;
-            let parsed = reference_steps(solution).with_context(|| {
-                format!("{} row {prow} (prompt {}): the reference solution is not a taskgen worked solution, so no first wrong step can be located", prompts_path.display(), prompt.id)
-            })?;
-            references.insert(r.prompt_id.as_str(), parsed);
-        }
-        let (start, steps) = &references[r.prompt_id.as_str()];
         let texts = crate::stages::segment::token_texts(&tok, &r.completion_ids).with_context(at)?;
-        let text: String = texts.concat();
-        let verdict = first_wrong(&text, *start, steps);
+        let verdict = first_wrong.verdict(r, &texts, &at)?;
         let Verdict::Wrong { span, kind, .. } = &verdict else {
             *counts.entry(verdict.name().to_string()).or_default() += 1;
             continue;
@@ -267,13 +304,14 @@ fn locate(ctx: &mut StageContext) -> Result<(Vec<Located>, BTreeMap<String, i64>
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let title: String = ctx.param("title")?;
     let blame_params: BTreeMap<String, Blame> = ctx.param("blame")?;
+    let locator: Locator = ctx.param("locator")?;
     let out = ctx.output("report")?.to_path_buf();
     let scores: Vec<(String, PathBuf)> = members(ctx, "scores").into_iter().map(|(l, p)| (l.to_string(), p.to_path_buf())).collect();
     let resets: Vec<(String, PathBuf)> = members(ctx, "resets").into_iter().map(|(l, p)| (l.to_string(), p.to_path_buf())).collect();
     if let Some(extra) = blame_params.keys().find(|l| !scores.iter().any(|(s, _)| s == *l)) {
         bail!("stage `{}`: param blame names `{extra}`, but there is no input `scores.{extra}`", ctx.instance);
     }
-    let (located, counts) = locate(ctx)?;
+    let (located, counts) = locate(ctx, locator)?;
     for (k, v) in &counts {
         ctx.count(&format!("traces_{k}"), *v);
     }

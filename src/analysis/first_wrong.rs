@@ -55,6 +55,9 @@ pub enum ErrorKind {
     ExtraStep,
     /// `</think>` before the problem's last step.
     EarlyEnd,
+    /// A number used in a computation that is neither in the problem nor earlier in the trace
+    /// (free-form traces, [`super::first_wrong_arith`]).
+    UnsupportedValue,
 }
 
 impl ErrorKind {
@@ -67,6 +70,7 @@ impl ErrorKind {
             ErrorKind::WrongArithmetic => "wrong_arithmetic",
             ErrorKind::ExtraStep => "extra_step",
             ErrorKind::EarlyEnd => "early_end",
+            ErrorKind::UnsupportedValue => "unsupported_value",
         }
     }
 }
@@ -82,6 +86,8 @@ pub enum Verdict {
     Unparseable { line: usize, span: Range<usize> },
     /// The thinking never closes and no wrong line came before its end.
     Unclosed,
+    /// A free-form trace with no computation to check ([`super::first_wrong_arith`]).
+    Unchecked,
 }
 
 impl Verdict {
@@ -91,6 +97,7 @@ impl Verdict {
             Verdict::NoError => "no_error",
             Verdict::Unparseable { .. } => "unparseable",
             Verdict::Unclosed => "unclosed",
+            Verdict::Unchecked => "unchecked",
         }
     }
 }

@@ -15,6 +15,7 @@
 pub mod correlation;
 pub mod credit_benchmark;
 pub mod first_wrong;
+pub mod first_wrong_arith;
 pub mod mc_sd;
 pub mod stats;
 pub mod truncation;

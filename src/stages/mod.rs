@@ -6,6 +6,7 @@ pub mod demo;
 pub mod filter;
 pub mod import;
 pub mod judge;
+pub mod locate_errors;
 pub mod prompt_text;
 pub mod segment;
 pub mod skipped;
@@ -39,6 +40,7 @@ pub const CATALOG: &[BuiltinInfo] = &[
     BuiltinInfo { name: "report", version: "2", needs_ml: false },
     BuiltinInfo { name: "analysis", version: "1", needs_ml: false },
     BuiltinInfo { name: "credit_benchmark", version: "1", needs_ml: false },
+    BuiltinInfo { name: "locate_errors", version: "1", needs_ml: false },
     BuiltinInfo { name: "judge", version: "1", needs_ml: false },
     BuiltinInfo { name: "judge_local", version: "1", needs_ml: true },
 ];
@@ -58,6 +60,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
         "report" => crate::report::run,
         "analysis" => crate::analysis::run,
         "credit_benchmark" => crate::analysis::credit_benchmark::run,
+        "locate_errors" => locate_errors::run,
         "judge" => judge::run,
         _ => return None,
     })
