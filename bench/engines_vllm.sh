@@ -102,7 +102,7 @@ TOML
 # engine core and workers (which retitle themselves VLLM::…).
 engines_with() { ps -eo args= | grep -E -- "$1|^VLLM::" | grep -cv grep || true; }
 # The run record of stage $2 in the summary $1.
-rec() { $PY -c 'import json,sys; s=json.load(open(sys.argv[1])); print(json.dumps(json.load(open(f"{sys.argv[2]}/instances/{s["keys"][sys.argv[3]]}/run.json"))))' "$1" "$STORE" "$2"; }
+rec() { $PY -c 'import json,sys; k=json.load(open(sys.argv[1]))["keys"][sys.argv[3]]; print(json.dumps(json.load(open(sys.argv[2]+"/instances/"+k+"/run.json"))))' "$1" "$STORE" "$2"; }
 
 "$BIN" --store "$STORE" pipeline run "$TMP/vllm.toml" --json > "$TMP/run.json"
 HASH=$(rec "$TMP/run.json" vllm | $PY -c 'import json,sys; print(json.load(sys.stdin)["metrics"]["engine_model"])')
@@ -139,10 +139,12 @@ fi
 REFUSED=$(grep -o "serves .*refusing samples from another model" "$TMP/other.err" | head -1)
 kill $SERVER; wait $SERVER 2>/dev/null || true
 
-# A killed run leaves no engine: SIGKILL the runner while its stage samples through vLLM.
+# A killed run leaves no engine: SIGKILL the runner while its stage runs vLLM.
 "$BIN" --store "$STORE" pipeline run "$TMP/vllm.toml" --force vllm --until vllm --json > /dev/null 2>&1 &
 RUNNER=$!
-for _ in $(seq 600); do [ "$(engines_with "$HASH")" -gt 0 ] && grep -qs "POST /v1/completions" "$STORE"/tmp/*/scratch/engine.log "$STORE"/tmp/*/*/engine.log 2>/dev/null && break; sleep 1; done
+# (once vLLM's worker process is up: the engine has forked all it forks)
+for _ in $(seq 600); do ps -eo args= | grep -q '^VLLM::Worker' && break; sleep 1; done
+sleep 3
 ENGINES_WHILE_RUNNING=$(engines_with "$HASH")
 kill -9 $RUNNER; wait $RUNNER 2>/dev/null || true
 sleep 5
