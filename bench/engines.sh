@@ -54,7 +54,7 @@ uses = "rollout"
 $ROLL, entropies = "none", $HTTP_LOCKSTEP }
 TOML
 for i in $(seq 1 "$REPS"); do
-  force=(); [ "$i" -gt 1 ] && force=(--force builtin --force http --force http_prefill --force http_lockstep)
+  force=(--force builtin --force http --force http_prefill --force http_lockstep)
   "$BIN" --store "$STORE" pipeline run "$TMP/engines.toml" --json "${force[@]}" > "$TMP/run$i.json"
   $PY - "$TMP/run$i.json" "$STORE" >> "$TMP/walls.jsonl" <<'PYEOF'
 import json, sys
