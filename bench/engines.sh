@@ -13,10 +13,15 @@ REPS=${REPS:-3}
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
 BIN=$TARGET/$PROFILE/rredcot-worker
-STORE=$TMP/store
+STORE=${BENCH_STORE:-$TMP/store}
 ROLL='inputs = { prompts = "taskgen.eval", policy = "sft.model" }
 params = { seed = 0, limit = 64, group_size = 8, max_new_tokens = 256, batch_size = 32, device = "cpu", threads = 1'
-HTTP='backend = "http", server_command = "{rredcot} serve --model {policy} --port {port} --model-name {policy_hash} --device cpu --threads 1 --max-batch 32 --max-new-tokens 256", concurrency = 32'
+# Twice the server's batch in flight: the next batch is already queued when one ends (with
+# `concurrency` = `--max-batch` the clients and the server run in lockstep, and a request that
+# misses the server's 5 ms gathering window starts a batch of its own).
+HTTP='backend = "http", server_command = "{rredcot} serve --model {policy} --port {port} --model-name {policy_hash} --device cpu --threads 1 --max-batch 32 --max-new-tokens 256", concurrency = 64'
+# The configuration measured before (requests in flight = the server's batch).
+HTTP_LOCKSTEP=$(echo "$HTTP" | sed 's/concurrency = 64/concurrency = 32/')
 cat > "$TMP/engines.toml" <<TOML
 stage_dirs = ["$PWD/stages"]
 [[stage]]
@@ -43,22 +48,26 @@ $ROLL, entropies = "none", $HTTP }
 name = "http_prefill"
 uses = "rollout"
 $ROLL, entropies = "prefill", $HTTP }
+[[stage]]
+name = "http_lockstep"
+uses = "rollout"
+$ROLL, entropies = "none", $HTTP_LOCKSTEP }
 TOML
 for i in $(seq 1 "$REPS"); do
-  force=(); [ "$i" -gt 1 ] && force=(--force builtin --force http --force http_prefill)
+  force=(--force builtin --force http --force http_prefill --force http_lockstep)
   "$BIN" --store "$STORE" pipeline run "$TMP/engines.toml" --json "${force[@]}" > "$TMP/run$i.json"
   $PY - "$TMP/run$i.json" "$STORE" >> "$TMP/walls.jsonl" <<'PYEOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
 rec = lambda st: json.load(open(f"{sys.argv[2]}/instances/{s['keys'][st]}/run.json"))
-print(json.dumps({st: {"wall_s": rec(st)["wall_s"], "tokens": rec(st)["counters"].get("tokens_generated"), "ids": rec(st)["outputs"]["rollouts"]["hash"], "metrics": rec(st)["metrics"]} for st in ["builtin", "http", "http_prefill"]}))
+print(json.dumps({st: {"wall_s": rec(st)["wall_s"], "tokens": rec(st)["counters"].get("tokens_generated"), "ids": rec(st)["outputs"]["rollouts"]["hash"], "metrics": rec(st)["metrics"]} for st in ["builtin", "http", "http_prefill", "http_lockstep"]}))
 PYEOF
 done
 $PY - "$TMP/walls.jsonl" bench/results/engines.json "$PROFILE" <<'PYEOF'
 import json, os, platform, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 med = lambda st: statistics.median(r[st]["wall_s"] for r in runs)
-b, h, hp = med("builtin"), med("http"), med("http_prefill")
+b, h, hp, hl = med("builtin"), med("http"), med("http_prefill"), med("http_lockstep")
 last = runs[-1]
 out = {
     "what": "rollout of the tiny default-world policy (64 prompts x 8 samples, <= 256 new tokens, T = 1): built-in vs through `rredcot serve` started by the stage",
@@ -73,14 +82,22 @@ out = {
     "http_prefill_wall_s": hp,
     "http_over_builtin": h / b,
     "http_prefill_over_builtin": hp / b,
+    "http_lockstep_wall_s": hl,
+    "http_lockstep_over_builtin": hl / b,
+    "http_concurrency": 64,
+    "http_lockstep_concurrency": 32,
+    "server_max_batch": 32,
     "target": "http_over_builtin <= 1.3",
-    "same_tokens_as_builtin": last["builtin"]["tokens"] == last["http"]["tokens"],
+    "same_tokens_as_builtin": last["builtin"]["tokens"] == last["http"]["tokens"] == last["http_lockstep"]["tokens"],
     "engine": last["http"]["metrics"].get("engine"),
     "engine_version": last["http"]["metrics"].get("engine_version"),
     "engine_startup_s": statistics.median(r["http"]["metrics"].get("engine_startup_s", 0) for r in runs),
-    "walls": runs and [{st: r[st]["wall_s"] for st in ["builtin", "http", "http_prefill"]} for r in runs],
-    "gpu_engine": "not measured: no GPU or vLLM/SGLang on this machine",
+    "walls": runs and [{st: r[st]["wall_s"] for st in ["builtin", "http", "http_prefill", "http_lockstep"]} for r in runs],
+    "gpu_engine": "not measured: no GPU here (vLLM's CPU build: the vllm_cpu key, bench/engines_vllm.sh)",
 }
+# Keep what bench/engines_vllm.sh wrote (its `vllm_cpu` key).
+old = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else {}
+out.update({k: v for k, v in old.items() if k == "vllm_cpu"})
 json.dump(out, open(sys.argv[2], "w"), indent=2)
 print(json.dumps(out, indent=2))
 PYEOF

@@ -168,7 +168,13 @@ fn parse_sampling(obj: &serde_json::Map<String, Value>, max_new_tokens: usize) -
         Some(v) => token_ids(v).ok_or_else(|| bad("`stop_token_ids` must be an array of token ids"))?,
     };
     let sampling = SamplingParams { temperature, top_p, top_k, max_new_tokens: max_tokens, stop_strings, stop_token_ids };
-    Ok((sampling, n, int("seed")?))
+    // A seed is 64 bits, written unsigned or (as vLLM validates it, and as rredcot's http
+    // backend sends it) signed: -1 is seed 2^64 - 1.
+    let seed = match obj.get("seed") {
+        None | Some(Value::Null) => None,
+        Some(x) => Some(x.as_u64().or_else(|| x.as_i64().map(|s| s as u64)).ok_or_else(|| bad("`seed` must be a 64-bit integer"))?),
+    };
+    Ok((sampling, n, seed))
 }
 
 /// A JSON array of non-negative integers as token ids.
@@ -560,6 +566,9 @@ mod tests {
         assert_eq!(b.format, CompletionFormat { logprobs: Some(0), ids_as_tokens: true, return_ids: false });
         assert_eq!(b.sampling.stop_token_ids, vec![2]);
         assert_eq!(parse_completion(br#"{"prompt":[[5,6]],"return_token_ids":true}"#, 64).unwrap().prompt, PromptInput::Ids(vec![5, 6]));
+        // vLLM's signed seeds: the same 64 bits.
+        assert_eq!(parse_completion(br#"{"prompt":[1],"seed":-1}"#, 64).unwrap().seed, Some(u64::MAX));
+        assert_eq!(parse_completion(br#"{"prompt":[1],"seed":-9223372036854775808}"#, 64).unwrap().seed, Some(1 << 63));
         let b = parse_completion(br#"{"prompt":"2+2=","max_tokens":3,"logprobs":5}"#, 64).unwrap();
         assert_eq!((b.prompt, b.sampling.max_new_tokens, b.format.logprobs), (PromptInput::Text("2+2=".into()), 3, Some(5)));
         for (body, want) in [
@@ -570,6 +579,7 @@ mod tests {
             (br#"{"prompt":[1],"logprobs":50}"#, "logprobs"),
             (br#"{"prompt":[1],"echo":true}"#, "echo"),
             (br#"{"prompt":[1],"return_tokens_as_token_ids":"yes"}"#, "boolean"),
+            (br#"{"prompt":[1],"seed":1.5}"#, "64-bit integer"),
         ] {
             let e = parse_completion(body, 16).unwrap_err();
             assert!(e.status == 400 && e.message.contains(want), "{}: {}", String::from_utf8_lossy(body), e.message);

@@ -355,7 +355,10 @@ impl HttpSampler {
             "model": self.model,
             "prompt": r.prompt,
             "n": r.n,
-            "seed": r.seed,
+            // vLLM refuses seeds above i64::MAX: the same 64 bits as a signed number (vLLM's
+            // torch generator and `rredcot serve` read them back modulo 2^64, so the row's seed
+            // and the `seed + i` of choice i are unchanged).
+            "seed": wire_seed(r.seed),
             "temperature": p.temperature,
             "top_p": p.top_p,
             "top_k": if p.top_k > 0 { p.top_k } else { -1 },
@@ -469,6 +472,12 @@ impl HttpSampler {
         }
         Ok(())
     }
+}
+
+/// A row's seed as sent: its bits as a signed 64-bit integer (what OpenAI-compatible servers
+/// written in Python validate `seed` against).
+pub fn wire_seed(seed: u64) -> i64 {
+    seed as i64
 }
 
 /// The token ids of a choice: `token_ids` (vLLM's `return_token_ids`) or its logprobs' tokens
