@@ -62,8 +62,11 @@ pub fn extract_answer(response: &str) -> Option<String> {
 /// All candidate spans, best first.
 pub fn candidates(response: &str) -> Vec<Candidate> {
     let mut out = Vec::new();
-    // Like math-verify, a bare `\fbox` only counts inside a LaTeX environment.
-    if let Some(inner) = last_boxed(response).filter(|_| response.contains("\\boxed")) {
+    // Like math-verify, a bare `\fbox` only counts inside a LaTeX environment, and an empty box
+    // ("… within \boxed{}." from a model echoing its instruction) is no answer.
+    if let Some(inner) = last_boxed(response)
+        .filter(|inner| response.contains("\\boxed") && !inner.is_empty())
+    {
         let end = response
             .rfind(inner)
             .map_or(response.len(), |i| i + inner.len() + 1);

@@ -328,6 +328,17 @@ mod tests {
         assert!(verify("\\theta + \\pi", "\\pi + \\theta"));
     }
 
+    // Found on real model answers (data/real-answers/): a small model echoes its instruction.
+    #[test]
+    fn an_empty_box_is_no_answer() {
+        let r = "So there are 22 handshakes, and I put the final step within \\boxed{}.";
+        let v = verify_response("22", r);
+        assert_eq!(v.extracted.as_deref(), Some("22"));
+        assert!(v.correct);
+        assert!(!verify_response("23", r).correct);
+        assert_eq!(verify_response("1", "Answer in \\boxed{ }").extracted, None);
+    }
+
     #[test]
     fn reference_solutions_state_their_answer_in_the_last_sentence() {
         let sol = "Count the tilings recursively: 1, 2, 3, 5, ...\nSo there are 89 ways to tile a 2 x 21 rectangle.";
