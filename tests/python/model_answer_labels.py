@@ -3,8 +3,9 @@
     model_answer_labels.py CORPUS OUT
 
 CORPUS is `data/real-answers/smollm2-math.jsonl` (built by bench/real_answers.py). For every row,
-in order, writes {"id", "math_verify_extracted", "math_verify_plain", "math_verify_boxed"} to OUT,
-computed as bench/real_answers.py does, so the test can check the stored labels are math-verify's.
+in order, writes {"id", "math_verify_extracted", "math_verify_answer", "math_verify_plain",
+"math_verify_boxed"} to OUT ([`labels`], which bench/real_answers.py uses too), so the test can
+check the stored labels are math-verify's.
 Exit status 3 (one line on stderr) when math-verify is not installed.
 """
 
@@ -20,6 +21,18 @@ except Exception as e:  # pragma: no cover - environment dependent
     sys.exit(3)
 
 
+def labels(gold: str, response: str) -> dict:
+    """math-verify's reading of one answer: whether it extracts anything, the text it extracted
+    (its string fallback, the last element of `parse`), and its verdicts in both gold conventions."""
+    pred = parse(response)
+    return {
+        "math_verify_extracted": bool(pred),
+        "math_verify_answer": str(pred[-1]) if pred else "",
+        "math_verify_plain": bool(verify(parse(gold), pred)),
+        "math_verify_boxed": bool(verify(parse("\\boxed{" + gold + "}"), pred)),
+    }
+
+
 def main() -> None:
     src, dest = sys.argv[1], sys.argv[2]
     with open(src, encoding="utf-8") as f, open(dest, "w", encoding="utf-8") as out:
@@ -27,13 +40,7 @@ def main() -> None:
             if not line.strip():
                 continue
             r = json.loads(line)
-            pred = parse(r["response"])
-            out.write(json.dumps({
-                "id": r["id"],
-                "math_verify_extracted": bool(pred),
-                "math_verify_plain": bool(verify(parse(r["gold"]), pred)),
-                "math_verify_boxed": bool(verify(parse("\\boxed{" + r["gold"] + "}"), pred)),
-            }) + "\n")
+            out.write(json.dumps({"id": r["id"], **labels(r["gold"], r["response"])}) + "\n")
 
 
 if __name__ == "__main__":
