@@ -240,7 +240,8 @@ fn sentence_answer(text: &str, from: usize, priority: u16) -> Option<Candidate> 
 /// Every word of `s` is a single letter (a variable), a function name or a list word: `2^(n-1)`, `sqrt(3)`, `1, 4 and 9` are; `5 because 2+3 = 5` is not.
 fn only_math_words(s: &str) -> bool {
     const WORDS: &[&str] = &[
-        "sqrt", "sin", "cos", "tan", "ln", "log", "exp", "pi", "and", "or", "infinity",
+        "sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "ln",
+        "log", "exp", "pi", "and", "or", "infinity",
     ];
     let b = s.as_bytes();
     let mut i = 0;

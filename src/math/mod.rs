@@ -352,6 +352,17 @@ mod tests {
         assert!(!verify_response("1", r).correct);
     }
 
+    // Golds and model answers use them (`\\sec x`, `\\arctan(-\\frac{1}{\\sqrt{3}-1})`).
+    #[test]
+    fn inverse_and_reciprocal_trig_functions_are_read() {
+        assert!(verify_response("\\frac{\\pi}{6}", "The answer is $\\arcsin \\frac{1}{2}$.").correct);
+        assert!(verify_response("-\\frac{\\pi}{4}", "We get $\\arctan(-1)$.").correct);
+        assert!(verify("\\sec x", "\\frac{1}{\\cos x}"));
+        assert!(!verify("\\sec x", "\\frac{1}{\\sin x}"));
+        assert!(verify("\\cot x", "\\frac{\\cos x}{\\sin x}"));
+        assert!(verify("\\csc x", "1/sin(x)"));
+    }
+
     #[test]
     fn reference_solutions_state_their_answer_in_the_last_sentence() {
         let sol = "Count the tilings recursively: 1, 2, 3, 5, ...\nSo there are 89 ways to tile a 2 x 21 rectangle.";
