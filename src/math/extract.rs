@@ -59,6 +59,9 @@ pub fn extract_answer(response: &str) -> Option<String> {
     candidates(response).into_iter().next().map(|c| c.text)
 }
 
+/// Priority of "final answer … is X" (math-verify's 50, as a `\boxed{}`).
+const FINAL_ANSWER: u16 = 50;
+
 /// All candidate spans, best first.
 pub fn candidates(response: &str) -> Vec<Candidate> {
     let mut out = Vec::new();
@@ -89,7 +92,7 @@ pub fn candidates(response: &str) -> Vec<Candidate> {
             let off = response.len() - rest_trim.len();
             // The answer follows "is" after whitespace only (math-verify: `is:?\s*` then the span).
             let gap = rest_trim.len() - rest_trim.trim_start().len();
-            out.extend(first_answer_at(response, off, 50, gap));
+            out.extend(first_answer_at(response, off, FINAL_ANSWER, gap));
         }
     }
     // "answer: X" and "answer ... X"
@@ -155,7 +158,11 @@ fn first_answer_at(text: &str, from: usize, priority: u16, window: usize) -> Vec
         .collect();
     let line_end = tail.find('\n').map_or(stop, |i| from + i);
     let eq_stop = floor_char(text, (from + 101).min(line_end));
-    let last_eq = text[from..eq_stop].rfind('=').map(|i| from + i);
+    // "final answer is $12$ + 1 = 13" answers 12: math-verify looks past a later `=` only after
+    // "answer" (its `answer.{0,100}=` patterns), not after "final answer … is".
+    let last_eq = (priority != FINAL_ANSWER)
+        .then(|| text[from..eq_stop].rfind('=').map(|i| from + i))
+        .flatten();
     let followed_by_eq = |c: &Candidate| text[c.end..].trim_start().starts_with('=');
     let after_eq: Vec<Candidate> = match last_eq {
         Some(eq) => plain

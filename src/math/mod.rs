@@ -350,6 +350,10 @@ mod tests {
         let r = "I got an answer of $22$.\nThe final answer goes within the box.\n\nMy reasoning process is:\n\n1. I first";
         assert_eq!(verify_response("22", r).extracted.as_deref(), Some("22"));
         assert!(!verify_response("1", r).correct);
+        // No look past a later `=` after "final answer … is" (there is after "answer").
+        let r = "So, the final answer is $12$ + 1 = 13.";
+        assert_eq!(verify_response("12", r).extracted.as_deref(), Some("12"));
+        assert_eq!(verify_response("6", "The answer: x = 2y, so x = 6").extracted.as_deref(), Some("6"));
     }
 
     // Golds and model answers use them (`\\sec x`, `\\arctan(-\\frac{1}{\\sqrt{3}-1})`).
