@@ -353,7 +353,7 @@ fn judge(jsonl: &str) -> Report {
 
 /// The committed real-model-answer corpus (`data/real-answers/`, built by `bench/real_answers.py`).
 const MODEL_ANSWERS: &str = "data/real-answers/smollm2-math.jsonl";
-const MIN_MODEL_ANSWERS: usize = 100;
+const MIN_MODEL_ANSWERS: usize = 200;
 
 /// One model answer with math-verify's labels.
 struct ModelAnswer {
