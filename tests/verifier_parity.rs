@@ -550,7 +550,10 @@ fn verifier_agrees_with_math_verify_on_model_answers() {
     }
     let report = judge_model_answers(&rows);
     report.print();
-    for (conv, c) in [("\\boxed{gold}", &report.boxed), ("bare gold", &report.plain)] {
+    for (conv, c) in [
+        ("\\boxed{gold}", &report.boxed),
+        ("bare gold", &report.plain),
+    ] {
         let a = c.agree as f64 / c.pairs.max(1) as f64;
         assert!(
             a >= MIN_AGREEMENT,

@@ -67,8 +67,8 @@ pub fn candidates(response: &str) -> Vec<Candidate> {
     let mut out = Vec::new();
     // Like math-verify, a bare `\fbox` only counts inside a LaTeX environment, and an empty box
     // ("… within \boxed{}." from a model echoing its instruction) is no answer.
-    if let Some(inner) = last_boxed(response)
-        .filter(|inner| response.contains("\\boxed") && !inner.is_empty())
+    if let Some(inner) =
+        last_boxed(response).filter(|inner| response.contains("\\boxed") && !inner.is_empty())
     {
         let end = response
             .rfind(inner)

@@ -353,13 +353,20 @@ mod tests {
         // No look past a later `=` after "final answer … is" (there is after "answer").
         let r = "So, the final answer is $12$ + 1 = 13.";
         assert_eq!(verify_response("12", r).extracted.as_deref(), Some("12"));
-        assert_eq!(verify_response("6", "The answer: x = 2y, so x = 6").extracted.as_deref(), Some("6"));
+        assert_eq!(
+            verify_response("6", "The answer: x = 2y, so x = 6")
+                .extracted
+                .as_deref(),
+            Some("6")
+        );
     }
 
     // Golds and model answers use them (`\\sec x`, `\\arctan(-\\frac{1}{\\sqrt{3}-1})`).
     #[test]
     fn inverse_and_reciprocal_trig_functions_are_read() {
-        assert!(verify_response("\\frac{\\pi}{6}", "The answer is $\\arcsin \\frac{1}{2}$.").correct);
+        assert!(
+            verify_response("\\frac{\\pi}{6}", "The answer is $\\arcsin \\frac{1}{2}$.").correct
+        );
         assert!(verify_response("-\\frac{\\pi}{4}", "We get $\\arctan(-1)$.").correct);
         assert!(verify("\\sec x", "\\frac{1}{\\cos x}"));
         assert!(!verify("\\sec x", "\\frac{1}{\\sin x}"));
