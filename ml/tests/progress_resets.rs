@@ -76,7 +76,8 @@ fn progress_values_are_the_provers_and_reduce_to_grpo_without_progress_or_entrop
             comp.pop();
         }
         let prompt = encode_prompt(tok, p).unwrap();
-        let y = tok.encode(&format!("The answer is {}.", p.answer.as_deref().unwrap().trim())).unwrap();
+        // The stage's default answer_template.
+        let y = tok.encode(&format!("\nThe answer is {}.", p.answer.as_deref().unwrap().trim())).unwrap();
         let cuts = std::iter::once(0).chain(seg.seg_ends.iter().map(|&e| (e as usize).min(comp.len())));
         for (t, upto) in cuts.enumerate() {
             let ctx: Vec<i64> = prompt.iter().chain(&comp[..upto]).copied().collect();

@@ -59,11 +59,17 @@ pub fn extract_answer(response: &str) -> Option<String> {
     candidates(response).into_iter().next().map(|c| c.text)
 }
 
+/// Priority of "final answer … is X" (math-verify's 50, as a `\boxed{}`).
+const FINAL_ANSWER: u16 = 50;
+
 /// All candidate spans, best first.
 pub fn candidates(response: &str) -> Vec<Candidate> {
     let mut out = Vec::new();
-    // Like math-verify, a bare `\fbox` only counts inside a LaTeX environment.
-    if let Some(inner) = last_boxed(response).filter(|_| response.contains("\\boxed")) {
+    // Like math-verify, a bare `\fbox` only counts inside a LaTeX environment, and an empty box
+    // ("… within \boxed{}." from a model echoing its instruction) is no answer.
+    if let Some(inner) =
+        last_boxed(response).filter(|inner| response.contains("\\boxed") && !inner.is_empty())
+    {
         let end = response
             .rfind(inner)
             .map_or(response.len(), |i| i + inner.len() + 1);
@@ -84,7 +90,9 @@ pub fn candidates(response: &str) -> Vec<Candidate> {
             let rest = &response[after..];
             let rest_trim = rest.strip_prefix(':').unwrap_or(rest);
             let off = response.len() - rest_trim.len();
-            out.extend(first_answer_at(response, off, 50, 0));
+            // The answer follows "is" after whitespace only (math-verify: `is:?\s*` then the span).
+            let gap = rest_trim.len() - rest_trim.trim_start().len();
+            out.extend(first_answer_at(response, off, FINAL_ANSWER, gap));
         }
     }
     // "answer: X" and "answer ... X"
@@ -150,7 +158,11 @@ fn first_answer_at(text: &str, from: usize, priority: u16, window: usize) -> Vec
         .collect();
     let line_end = tail.find('\n').map_or(stop, |i| from + i);
     let eq_stop = floor_char(text, (from + 101).min(line_end));
-    let last_eq = text[from..eq_stop].rfind('=').map(|i| from + i);
+    // "final answer is $12$ + 1 = 13" answers 12: math-verify looks past a later `=` only after
+    // "answer" (its `answer.{0,100}=` patterns), not after "final answer … is".
+    let last_eq = (priority != FINAL_ANSWER)
+        .then(|| text[from..eq_stop].rfind('=').map(|i| from + i))
+        .flatten();
     let followed_by_eq = |c: &Candidate| text[c.end..].trim_start().starts_with('=');
     let after_eq: Vec<Candidate> = match last_eq {
         Some(eq) => plain
@@ -191,7 +203,8 @@ fn sentence_answer(text: &str, from: usize, priority: u16) -> Option<Candidate> 
     // A sentence is short: bound the scan so that many "answer" words stay linear.
     let mut r = &text[from..floor_char(text, (from + 400).min(text.len()))];
     loop {
-        let t = r.trim_start();
+        // On the marker's line: "is:\n\n1. First …" starts a list, not an answer.
+        let t = r.trim_start_matches([' ', '\t']);
         let next = ["is ", "=", ":", "equals ", "equal to ", "be "]
             .iter()
             .find_map(|p| t.strip_prefix(p));
@@ -234,7 +247,8 @@ fn sentence_answer(text: &str, from: usize, priority: u16) -> Option<Candidate> 
 /// Every word of `s` is a single letter (a variable), a function name or a list word: `2^(n-1)`, `sqrt(3)`, `1, 4 and 9` are; `5 because 2+3 = 5` is not.
 fn only_math_words(s: &str) -> bool {
     const WORDS: &[&str] = &[
-        "sqrt", "sin", "cos", "tan", "ln", "log", "exp", "pi", "and", "or", "infinity",
+        "sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "ln",
+        "log", "exp", "pi", "and", "or", "infinity",
     ];
     let b = s.as_bytes();
     let mut i = 0;

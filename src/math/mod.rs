@@ -328,6 +328,52 @@ mod tests {
         assert!(verify("\\theta + \\pi", "\\pi + \\theta"));
     }
 
+    // Found on real model answers (data/real-answers/): a small model echoes its instruction.
+    #[test]
+    fn an_empty_box_is_no_answer() {
+        let r = "So there are 22 handshakes, and I put the final step within \\boxed{}.";
+        let v = verify_response("22", r);
+        assert_eq!(v.extracted.as_deref(), Some("22"));
+        assert!(v.correct);
+        assert!(!verify_response("23", r).correct);
+        assert_eq!(verify_response("1", "Answer in \\boxed{ }").extracted, None);
+    }
+
+    // Also from real model answers: "final answer … is X" finds X right after "is" (math-verify
+    // allows whitespace only), and an answer marker does not reach across a line break into a
+    // numbered list.
+    #[test]
+    fn final_answer_is_reads_what_follows_is() {
+        let r = "Now, here's the final answer: 1. The volume of the cylinder is 22 cubic units.\n2. The radius is 3.";
+        assert_eq!(verify_response("22", r).extracted.as_deref(), Some("22"));
+        assert!(verify_response("22", "So the final answer is $22$.").correct);
+        let r = "I got an answer of $22$.\nThe final answer goes within the box.\n\nMy reasoning process is:\n\n1. I first";
+        assert_eq!(verify_response("22", r).extracted.as_deref(), Some("22"));
+        assert!(!verify_response("1", r).correct);
+        // No look past a later `=` after "final answer … is" (there is after "answer").
+        let r = "So, the final answer is $12$ + 1 = 13.";
+        assert_eq!(verify_response("12", r).extracted.as_deref(), Some("12"));
+        assert_eq!(
+            verify_response("6", "The answer: x = 2y, so x = 6")
+                .extracted
+                .as_deref(),
+            Some("6")
+        );
+    }
+
+    // Golds and model answers use them (`\\sec x`, `\\arctan(-\\frac{1}{\\sqrt{3}-1})`).
+    #[test]
+    fn inverse_and_reciprocal_trig_functions_are_read() {
+        assert!(
+            verify_response("\\frac{\\pi}{6}", "The answer is $\\arcsin \\frac{1}{2}$.").correct
+        );
+        assert!(verify_response("-\\frac{\\pi}{4}", "We get $\\arctan(-1)$.").correct);
+        assert!(verify("\\sec x", "\\frac{1}{\\cos x}"));
+        assert!(!verify("\\sec x", "\\frac{1}{\\sin x}"));
+        assert!(verify("\\cot x", "\\frac{\\cos x}{\\sin x}"));
+        assert!(verify("\\csc x", "1/sin(x)"));
+    }
+
     #[test]
     fn reference_solutions_state_their_answer_in_the_last_sentence() {
         let sol = "Count the tilings recursively: 1, 2, 3, 5, ...\nSo there are 89 ways to tile a 2 x 21 rectangle.";

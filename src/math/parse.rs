@@ -19,7 +19,10 @@ use thiserror::Error;
 pub type Env = BTreeMap<String, f64>;
 
 /// Function names read as functions, in LaTeX (`\sin`) or plain text (`sqrt(3)`).
-const FUNCTIONS: &[&str] = &["sqrt", "sin", "cos", "tan", "ln", "log", "exp", "pi"];
+const FUNCTIONS: &[&str] = &[
+    "sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "ln", "log",
+    "exp", "pi",
+];
 
 /// Greek-letter commands read as variables.
 const GREEK: &[&str] = &[
@@ -428,7 +431,8 @@ impl<'a> Parser<'a> {
                 }
                 "pi" => Ok(Node::Num(Num::approx(std::f64::consts::PI))),
                 "infty" => Ok(Node::Num(Num::approx(f64::INFINITY))),
-                "sin" | "cos" | "tan" | "ln" | "log" | "exp" => {
+                "sin" | "cos" | "tan" | "sec" | "csc" | "cot" | "arcsin" | "arccos" | "arctan"
+                | "ln" | "log" | "exp" => {
                     let x = match self.peek() {
                         Some(Tok::Sym('{')) => self.braced()?,
                         _ => self.power_num()?,
@@ -439,6 +443,12 @@ impl<'a> Parser<'a> {
                         "sin" => x.sin(),
                         "cos" => x.cos(),
                         "tan" => x.tan(),
+                        "sec" => 1.0 / x.cos(),
+                        "csc" => 1.0 / x.sin(),
+                        "cot" => x.cos() / x.sin(),
+                        "arcsin" => x.asin(),
+                        "arccos" => x.acos(),
+                        "arctan" => x.atan(),
                         "exp" => x.exp(),
                         _ => x.ln(),
                     };
