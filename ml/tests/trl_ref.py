@@ -3,8 +3,9 @@
   trl_ref.py BATCH_JSON OUT_JSON
 
 BATCH_JSON: per-token log-probs `logp`, `old`, `ref`, `mask` ([B][T], float64), `adv` ([B]),
-`epsilon_low`, `epsilon_high`, and `cases`: each a loss type, an importance-sampling level, a β
-and `steps`: the optimizer steps the batch is split into, each a list of micro-batches, each a
+`epsilon_low`, `epsilon_high`, and `cases`: each a loss type, an importance-sampling level, a β,
+TRL's `use_bias_correction_kl` (True by default in TRL 1.16: k3 × the IS ratio) and `steps`: the
+optimizer steps the batch is split into, each a list of micro-batches, each a
 list of row indices (all micro-batches the same size, as TRL's are).
 
 For every case a real `trl.GRPOTrainer` is built (tiny random Qwen2 saved to a temp dir, policy
@@ -75,6 +76,7 @@ def run_case(model_dir, out_dir, batch, case, logp_all):
         epsilon=batch["epsilon_low"], epsilon_high=batch["epsilon_high"],
         per_device_train_batch_size=per_device, gradient_accumulation_steps=ga, steps_per_generation=n_micro,
         num_generations=n_rows, max_completion_length=len(batch["mask"][0]), logging_steps=1,
+        use_bias_correction_kl=case["use_bias_correction_kl"],
     )
     trainer = GRPOTrainer(model=model_dir, reward_funcs=constant_reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": ["w1 w2"]}))
