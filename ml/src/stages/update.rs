@@ -32,7 +32,7 @@ use tch::{Device, Kind, Tensor};
 use super::{encode_prompt, load_policy, set_threads};
 use crate::model::{self, DecoderLm, DeviceChoice, LoadOptions};
 use crate::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
-use crate::train::loss::{check_credit_with_is, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
+use crate::train::loss::{check_credit_with_is, dapo_tokens_per_step, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
 use crate::train::lr_at;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -299,7 +299,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let minibatches: Vec<&[Sequence]> = seqs.chunks(mb_size).collect();
     let steps_per_update = inner_epochs * minibatches.len();
     // dapo's normalizer as in TRL: the batch's completion tokens over its optimizer steps per epoch.
-    let dapo_tokens = seqs.iter().map(|s| s.completion_len()).sum::<usize>() as f64 / minibatches.len() as f64;
+    let dapo_tokens = dapo_tokens_per_step(seqs.iter().map(|s| s.completion_len()).sum(), minibatches.len());
     let params: Vec<(String, Tensor)> = {
         let mut v: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));

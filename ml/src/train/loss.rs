@@ -67,6 +67,13 @@ pub fn check_credit_with_is(is: IsLevel, credit: &'static str, uniform: bool) ->
     }
 }
 
+/// `dapo`'s token normalizer for each optimizer step, as TRL's `num_items_in_batch` ×
+/// gradient_accumulation_steps / steps_per_generation: the rollout batch's completion tokens over
+/// the optimizer steps it is split into (per pass over the batch).
+pub fn dapo_tokens_per_step(batch_tokens: usize, optimizer_steps: usize) -> f64 {
+    batch_tokens as f64 / optimizer_steps.max(1) as f64
+}
+
 /// f_i for the sequences of one optimizer step. `lens[m][i]` = completion tokens of sequence i
 /// of micro-batch m; `max_len` = the configured maximum completion length (dr_grpo);
 /// `dapo_tokens` = the token normalizer of `dapo`: as in TRL, the rollout batch's completion
