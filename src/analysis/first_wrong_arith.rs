@@ -215,7 +215,8 @@ fn claims(line: &str) -> Vec<Claim> {
         let lhs_text = trim_unbalanced(lhs_text);
         let rhs_text = trim_unbalanced(line[eq + 1..end].trim().trim_end_matches('.'));
         let operator = lhs_text.char_indices().skip(1).any(|(_, c)| "+-*/^".contains(c));
-        if !operator || numbers(lhs_text).len() < 2 || numbers(rhs_text).is_empty() {
+        let rhs_numbers = numbers(rhs_text);
+        if !operator || numbers(lhs_text).len() < 2 || rhs_numbers.is_empty() {
             continue;
         }
         // The expression goes on into letters (`2x + 3 + 4 = 9`, `= 7x`): an equation in unknowns,
@@ -230,7 +231,6 @@ fn claims(line: &str) -> Vec<Claim> {
             continue;
         }
         let (Some(lhs_value), Some(rhs_value)) = (value(lhs_text), value(rhs_text)) else { continue };
-        let rhs_numbers = numbers(rhs_text);
         let rhs_first = (rhs_numbers.len() > 1).then(|| {
             let (o, _) = rhs_numbers[0];
             let len = rhs_text[o..].find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '%')).unwrap_or(rhs_text.len() - o);
