@@ -11,9 +11,9 @@
 //! tokens per optimizer step (TRL's `num_items_in_batch`).
 //!
 //! TRL 1.16 defaults to `use_bias_correction_kl = True` (DeepSeek-V3.2: the k3 term times the
-//! importance ratio, differentiably). Ours is the plain k3 of DeepSeekMath's GRPO, so the 48
-//! compared cases run TRL with `use_bias_correction_kl = False`; the β > 0 cases are also run with
-//! TRL's default and must differ from ours (a known, documented difference, not a silent one).
+//! importance ratio, differentiably); ours is the `kl_bias_correction` param (off by default: the
+//! plain k3 of DeepSeekMath's GRPO). The β > 0 cases run both ways (80 cases), and each
+//! bias-corrected case must also differ from our plain k3, so the option is seen to do something.
 //!
 //! Compared: each micro-batch's loss, and each optimizer step's gradient d loss / d logp with
 //! respect to the per-token log-probs (the micro-batches' gradients summed, as the trainers
@@ -86,8 +86,7 @@ struct Case {
     loss_type: LossType,
     is: IsLevel,
     beta: f64,
-    /// TRL's `use_bias_correction_kl`. We implement the plain k3 (false); TRL 1.16's default
-    /// (true) multiplies k3 by the ratio, and those cases must differ from ours.
+    /// TRL's `use_bias_correction_kl` = our `kl_bias_correction` (k3 × the ratio).
     trl_kl_bias_correction: bool,
     /// Optimizer steps → micro-batches → rows of the batch.
     steps: Vec<Vec<Vec<usize>>>,
@@ -122,9 +121,17 @@ fn cases() -> Vec<Case> {
 
 /// Our loss on a case, as `stages::update` runs it: factors per optimizer step, one
 /// `policy_loss` per micro-batch, gradients summed over the step's micro-batches.
-/// `dapo_tokens = None` uses each step's own tokens (what we did before issue 19).
-fn ours(b: &Batch, c: &Case, dapo_tokens: Option<f64>) -> Ours {
-    let cfg = LossConfig { loss_type: c.loss_type, importance_sampling: c.is, epsilon_low: EPS_LOW, epsilon_high: EPS_HIGH, beta: c.beta };
+/// `dapo_tokens = None` uses each step's own tokens (what we did before issue 19);
+/// `kl_bias_correction` is normally the case's own.
+fn ours(b: &Batch, c: &Case, dapo_tokens: Option<f64>, kl_bias_correction: bool) -> Ours {
+    let cfg = LossConfig {
+        loss_type: c.loss_type,
+        importance_sampling: c.is,
+        epsilon_low: EPS_LOW,
+        epsilon_high: EPS_HIGH,
+        beta: c.beta,
+        kl_bias_correction,
+    };
     let mut logp = b.logp.detach().set_requires_grad(true);
     let mut o = Ours { losses: Vec::new(), grads: Vec::new(), kl: Vec::new(), clip_fraction: Vec::new() };
     for step in &c.steps {
@@ -228,14 +235,14 @@ fn uniform_credit_loss_and_gradients_equal_trl_grpo_trainer() {
             c.trl_kl_bias_correction,
             c.steps.len()
         );
-        let o = ours(&b, c, Some(dapo_tokens_per_step(batch_tokens, c.steps.len())));
+        let dapo_tokens = Some(dapo_tokens_per_step(batch_tokens, c.steps.len()));
+        let o = ours(&b, c, dapo_tokens, c.trl_kl_bias_correction);
         let d = max_diff(&o, t);
         if c.trl_kl_bias_correction {
-            // A known difference (README): TRL's default KL is k3 × ratio, ours plain k3.
-            println!("{label}: differs from ours by {d:.1e} (not implemented here)");
-            assert!(d > 1e-6, "{label}: TRL's bias-corrected KL should differ from our plain k3, differs by {d:e}");
-            bias_corrected_min = bias_corrected_min.min(d);
-            continue;
+            // The correction must matter on this batch (else the comparison would prove nothing).
+            let d_plain = max_diff(&ours(&b, c, dapo_tokens, false), t);
+            assert!(d_plain > 1e-6, "{label}: plain k3 should differ from TRL's bias-corrected KL, differs by {d_plain:e}");
+            bias_corrected_min = bias_corrected_min.min(d_plain);
         }
         compared += 1;
         println!("{label}: losses {:?}, max |ours - TRL| = {d:.1e}", o.losses);
@@ -253,12 +260,12 @@ fn uniform_credit_loss_and_gradients_equal_trl_grpo_trainer() {
         }
         // The normalizer matters: dividing each step by its own tokens (our old dapo) is not TRL.
         if c.loss_type == LossType::Dapo && c.steps.len() > 1 {
-            let d_old = max_diff(&ours(&b, c, None), t);
+            let d_old = max_diff(&ours(&b, c, None, c.trl_kl_bias_correction), t);
             assert!(d_old > 1e-3, "{label}: per-step token normalizer should differ from TRL, differs by {d_old:e}");
         }
     }
-    assert_eq!(compared, 48);
+    assert_eq!(compared, 80);
     println!(
-        "{compared} cases, worst |ours - TRL| = {worst:.1e} (tolerance {TOL:e}); TRL's default bias-corrected KL differs by >= {bias_corrected_min:.1e}"
+        "{compared} cases, worst |ours - TRL| = {worst:.1e} (tolerance {TOL:e}); with kl_bias_correction off, TRL's bias-corrected cases differ by >= {bias_corrected_min:.1e}"
     );
 }

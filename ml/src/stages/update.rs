@@ -127,6 +127,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         epsilon_low: ctx.param("epsilon_low")?,
         epsilon_high: ctx.param("epsilon_high")?,
         beta: ctx.param("beta")?,
+        kl_bias_correction: ctx.param("kl_bias_correction")?,
     };
     let temperature: f64 = ctx.param("temperature")?;
     let max_completion: usize = ctx.param("max_completion_length")?;
@@ -437,7 +438,7 @@ mod tests {
         let make = |credit: Vec<f64>, adv: f64| Sequence { ids: (1..=12).collect(), prompt_len: 2, credit, advantage: vec![adv; 10], reward: 0.0, sigma_entropy: None };
         let grpo = [make(token_weights(n, None, 0.0), 1.0), make(token_weights(n, None, 0.0), -1.0)];
         let rred = [make(token_weights(n, Some((&sig, &ends)), 1.0), 1.0), make(token_weights(n, Some((&sig, &ends)), 1.0), -1.0)];
-        let cfg = LossConfig { loss_type: LossType::Grpo, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.2, beta: 0.0 };
+        let cfg = LossConfig { loss_type: LossType::Grpo, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.2, beta: 0.0, kl_bias_correction: false };
         let loss_and_grad = |seqs: &[Sequence]| {
             let (_, mask, credit, adv) = micro_tensors(&seqs.iter().collect::<Vec<_>>(), Device::Cpu);
             tch::manual_seed(0);
@@ -459,7 +460,7 @@ mod tests {
         use crate::train::loss::{policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
         let (n, ends) = (6usize, vec![2usize, 6]);
         let entropies = [0.5f32, 1.5, 1.0, 1.0, 2.0, 0.0];
-        let cfg = LossConfig { loss_type: LossType::Grpo, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.2, beta: 0.0 };
+        let cfg = LossConfig { loss_type: LossType::Grpo, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.2, beta: 0.0, kl_bias_correction: false };
         let grad_of = |advantage: Vec<f64>| {
             let s = Sequence { ids: (1..=8).collect(), prompt_len: 2, credit: token_weights(n, None, 0.0), advantage, reward: 1.0, sigma_entropy: None };
             let (_, mask, credit, adv) = micro_tensors(&[&s], Device::Cpu);

@@ -14,6 +14,10 @@
 //!   whatever credit the policy term gets. The paper redistributes the gradient coefficient of
 //!   the policy term (Eq. 11–12); weighting k3 by σ would make the pull towards the reference
 //!   depend on σ as well.
+//! - `kl_bias_correction` (TRL's `use_bias_correction_kl`, its default since 1.x; DeepSeek-V3.2):
+//!   k3 is multiplied by the importance ratio ρ (differentiably, so the KL gradient changes even
+//!   on-policy where ρ = 1), which makes it the unbiased reverse-KL gradient. Off by default: the
+//!   paper's GRPO is DeepSeekMath's plain k3.
 //! - σ (or any non-uniform credit) has no effect under sequence-level importance sampling: the
 //!   ratio is one number per sequence and the credit sums to 1, so every token's gradient is the
 //!   same. [`check_credit_with_is`] refuses that combination.
@@ -49,6 +53,9 @@ pub struct LossConfig {
     pub epsilon_high: f64,
     /// KL coefficient; 0 = no reference policy.
     pub beta: f64,
+    /// Multiply k3 by the importance ratio (TRL's `use_bias_correction_kl`).
+    #[serde(default)]
+    pub kl_bias_correction: bool,
 }
 
 /// Errors of a loss configuration that would silently not do what it says.
@@ -102,7 +109,8 @@ pub fn sequence_factors(loss_type: LossType, lens: &[Vec<usize>], max_len: usize
 pub struct LossParts {
     /// Scalar to backpropagate (its sum over the step's micro-batches is the step's loss).
     pub loss: Tensor,
-    /// Mean k3 KL over completion tokens (0 without a reference).
+    /// Mean k3 KL over completion tokens (× ρ under `kl_bias_correction`, as TRL logs it; 0
+    /// without a reference).
     pub kl: f64,
     /// Fraction of completion tokens whose ratio was clipped.
     pub clip_fraction: f64,
@@ -139,7 +147,10 @@ pub fn policy_loss(
     let mut kl = 0.0;
     if let (Some(r), true) = (ref_logp, cfg.beta > 0.0) {
         let d = r - logp;
-        let k3 = d.exp() - &d - 1.0;
+        let mut k3 = d.exp() - &d - 1.0;
+        if cfg.kl_bias_correction {
+            k3 = k3 * &coef1;
+        }
         kl = (&k3 * mask).sum(None::<Kind>).double_value(&[]) / mask.sum(None::<Kind>).double_value(&[]).max(1.0);
         // The KL term stays uniform (1/|o|) whatever the credit: see the module doc.
         let len = mask.sum_dim_intlist(-1, false, None::<Kind>).clamp_min(1.0);
@@ -165,7 +176,7 @@ mod tests {
     }
 
     fn cfg(loss_type: LossType) -> LossConfig {
-        LossConfig { loss_type, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.28, beta: 0.0 }
+        LossConfig { loss_type, importance_sampling: IsLevel::Token, epsilon_low: 0.2, epsilon_high: 0.28, beta: 0.0, kl_bias_correction: false }
     }
 
     fn uniform_credit(lens: &[usize], t: i64) -> Tensor {
@@ -351,5 +362,31 @@ mod tests {
         assert_eq!(f, vec![vec![4.0 / 12.0, 2.0 / 12.0], vec![3.0 / 6.0]]);
         let f = sequence_factors(LossType::DrGrpo, &lens, 10, None);
         assert_eq!(f, vec![vec![4.0 / 30.0, 2.0 / 30.0], vec![3.0 / 30.0]]);
+    }
+
+    #[test]
+    fn bias_corrected_kl_keeps_the_on_policy_value_and_changes_its_gradient() {
+        let (logp, _, mask, lens) = batch();
+        let (adv, old) = (Tensor::from_slice(&[0.0, 0.0, 0.0]), logp.detach());
+        let reference = (&logp.detach() + 0.5).detach();
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
+        let run = |correct: bool| {
+            let mut c = cfg(LossType::Grpo);
+            (c.beta, c.kl_bias_correction) = (0.04, correct);
+            let mut lp = logp.detach().set_requires_grad(true);
+            lp.zero_grad();
+            let parts = policy_loss(&c, &lp, &old, Some(&reference), &adv, &uniform_credit(&lens, 4), &f, &mask);
+            parts.loss.backward();
+            (parts.loss.double_value(&[]), parts.kl, lp.grad())
+        };
+        let ((lp, kp, gp), (lc, kc, gc)) = (run(false), run(true));
+        // On-policy ρ = 1: same loss and logged KL ...
+        assert!((lp - lc).abs() < 1e-15 && (kp - kc).abs() < 1e-15, "{lp} vs {lc}, KL {kp} vs {kc}");
+        // ... but dρ/dlogπ = ρ adds k3 to each token's gradient: d/dlogπ (k3·ρ) = (1 − e^d) + k3.
+        let d = &reference - &logp.detach();
+        let k3 = d.exp() - &d - 1.0;
+        let want_extra = k3 * 0.04 * f.unsqueeze(-1) * uniform_credit(&lens, 4) * &mask;
+        let diff = (gc - gp - want_extra).abs().max().double_value(&[]);
+        assert!(diff < 1e-12, "bias-corrected KL gradient off by {diff}");
     }
 }
