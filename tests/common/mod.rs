@@ -128,3 +128,36 @@ name = "final"
 uses = "demo_sum"
 inputs = { table = "train.step[last].state" }
 "#;
+
+/// `--set TARGET.inputs.NAME=file:EXISTING` for every input of a pipeline that points at a file
+/// under `../models/` or `../data/paper/` (not shipped): datasets to the GSM8K fixture, models to
+/// a directory of the repo (planning hashes inputs, it does not load them).
+pub fn user_files(pipeline: &std::path::Path) -> Vec<String> {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc: toml::Table = toml::from_str(&std::fs::read_to_string(pipeline).unwrap()).unwrap();
+    let mut uses: Vec<(String, toml::Table)> = Vec::new();
+    for st in doc.get("stage").and_then(|v| v.as_array()).into_iter().flatten() {
+        uses.push((st["name"].as_str().unwrap().to_string(), st.get("inputs").and_then(|i| i.as_table()).cloned().unwrap_or_default()));
+    }
+    for ch in doc.get("chain").and_then(|v| v.as_array()).into_iter().flatten() {
+        for st in ch["stage"].as_array().unwrap() {
+            let target = format!("{}.{}", ch["name"].as_str().unwrap(), st["name"].as_str().unwrap());
+            uses.push((target, st.get("inputs").and_then(|i| i.as_table()).cloned().unwrap_or_default()));
+        }
+    }
+    let mut sets = Vec::new();
+    for (target, inputs) in uses {
+        for (name, v) in inputs {
+            let v = v.as_str().unwrap_or("");
+            let to = if v.starts_with("file:../data/paper/") {
+                repo.join("data/gsm8k-mgs/gsm8k-mgs-eng.jsonl")
+            } else if v.starts_with("file:../models/") {
+                repo.join("data/layouts")
+            } else {
+                continue;
+            };
+            sets.push(format!("{target}.inputs.{name}=file:{}", to.display()));
+        }
+    }
+    sets
+}
