@@ -8,12 +8,13 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::artifact::Schema;
-use crate::engine::exec::{exec_instance, worker_exe, ExecOutcome};
+use crate::engine::exec::{exec_instance, ExecOutcome};
 use crate::engine::group as signals;
 use crate::engine::local::LocalExecutor;
 use crate::engine::plan::{InputRef, ParamSource};
 use crate::engine::resolve::{why_not_cached, Resolver};
-use crate::engine::runner::{detect_gpus, referenced_keys, run_pipeline, self_exe, RunOptions};
+use crate::engine::runner::{detect_gpus, referenced_keys, run_pipeline, RunOptions};
+use crate::engine::Programs;
 use crate::engine::slurm::{SlurmExecutor, SlurmProfile};
 use crate::engine::spec::short;
 use crate::engine::{load_plan, EngineError, Plan, Runtime, SetArg, Store};
@@ -245,11 +246,8 @@ fn load(args: &PlanArgs, rt: &Runtime) -> Result<Plan> {
     Ok(load_plan(&args.pipeline, &sets, rt.builtins)?)
 }
 
-/// Replaces this process by `rredcot-worker` with the same arguments.
-fn exec_worker(why: &str) -> Result<i32> {
-    let w = worker_exe().with_context(|| {
-        format!("{why} needs `rredcot-worker` next to rredcot (cargo build --workspace --bins)")
-    })?;
+/// Replaces this process by the worker binary `w` with the same arguments.
+fn exec_worker(w: std::path::PathBuf) -> Result<i32> {
     use std::os::unix::process::CommandExt;
     let err = std::process::Command::new(&w)
         .args(std::env::args_os().skip(1))
@@ -262,7 +260,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
     match cli.cmd {
         Cmd::Serve(args) => match serve {
             Some(f) => f(&args).map(|()| 0),
-            None => exec_worker("`rredcot serve`"),
+            None => exec_worker(Programs::of(rt).worker("`rredcot serve`").map_err(anyhow::Error::msg)?),
         },
         Cmd::Pipeline(PipelineCmd::Run {
             plan,
@@ -317,17 +315,17 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             signals::install_handlers(true);
             let mut exec: Box<dyn crate::engine::runner::Executor> = match executor {
                 ExecutorKind::Local => {
-                    Box::new(LocalExecutor::new(store.clone(), self_exe(), gpus > 0))
+                    Box::new(LocalExecutor::new(store.clone(), Programs::of(rt), gpus > 0))
                 }
                 ExecutorKind::Slurm if dry_run => {
-                    Box::new(LocalExecutor::new(store.clone(), self_exe(), false))
+                    Box::new(LocalExecutor::new(store.clone(), Programs::of(rt), false))
                 }
                 ExecutorKind::Slurm => {
                     let prof = match &profile {
                         Some(f) => SlurmProfile::load(f)?,
                         None => SlurmProfile::default(),
                     };
-                    Box::new(SlurmExecutor::new(&store, self_exe(), prof)?)
+                    Box::new(SlurmExecutor::new(&store, Programs::of(rt), prof)?)
                 }
             };
             let summary = run_pipeline(&p, &store, &opts, exec.as_mut())?;
@@ -424,7 +422,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                     eprintln!("{} ({}) is already committed", rec.stage, short(&rec.key));
                     Ok(0)
                 }
-                ExecOutcome::NeedsWorker => exec_worker("this stage"),
+                ExecOutcome::NeedsWorker(w) => exec_worker(w),
             }
         }
         Cmd::Artifact(ArtifactCmd::Show { what, rows }) => {
@@ -743,10 +741,10 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
         }
         println!("code       {}", n.kind.code_version);
         match &n.kind.runner {
-            crate::engine::plan::Runner::Builtin { name, needs_ml } => {
+            crate::engine::plan::Runner::Builtin { name, in_worker } => {
                 println!(
                     "runs       builtin `{name}`{}",
-                    if *needs_ml { " (ML worker)" } else { "" }
+                    if *in_worker { " (ML worker)" } else { "" }
                 )
             }
             crate::engine::plan::Runner::External {

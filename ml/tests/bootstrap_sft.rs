@@ -1,6 +1,7 @@
 //! `bootstrap_sft` through the real worker binary (it carries the engine CLI and every builtin):
 //! a short configuration learns more than chance, the run record holds the accuracy, the output is
-//! a Hugging Face checkpoint, and two fresh stores give the same checkpoint hash.
+//! a Hugging Face checkpoint, and two fresh stores give the same checkpoint hash (one filled by
+//! the engine binary, which hands the SFT to the worker).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -115,10 +116,28 @@ fn same_inputs_params_and_seed_give_the_same_checkpoint_hash() {
         "steps = 15, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 5, eval_max_new_tokens = 16",
     );
     let a = run(&dir.path().join("a"), &p);
-    let b = run(&dir.path().join("b"), &p);
+    // The second store is filled by the engine binary, which hands the SFT to the worker.
+    let engine = engine_binary();
+    let out = Command::new(&engine).arg("--store").arg(dir.path().join("b")).args(["pipeline", "run"]).arg(&p).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let b = records(&dir.path().join("b")).remove("sft").expect("sft run record");
     assert_eq!(a["key"], b["key"]);
     assert_eq!(a["outputs"]["model"]["hash"], b["outputs"]["model"]["hash"]);
     assert!(a["outputs"]["model"]["hash"].as_str().is_some());
+    // Without the worker next to it, the engine binary says so, naming the stage and the fix.
+    let alone = dir.path().join("alone");
+    std::fs::create_dir(&alone).unwrap();
+    std::fs::copy(&engine, alone.join("rredcot")).unwrap();
+    let out = Command::new(alone.join("rredcot")).arg("--store").arg(dir.path().join("c")).args(["pipeline", "run"]).arg(&p).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && text.contains("sft") && text.contains("runs in the worker `rredcot-worker`") && text.contains("cargo build --workspace --bins"), "{text}");
+}
+
+/// The engine binary `rredcot`, built next to the worker by `cargo build --workspace --bins`.
+fn engine_binary() -> PathBuf {
+    let e = Path::new(env!("CARGO_BIN_EXE_rredcot-worker")).with_file_name("rredcot");
+    assert!(e.is_file(), "{} missing: build it first with cargo build --workspace --bins (make test does)", e.display());
+    e
 }
 
 #[test]

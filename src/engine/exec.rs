@@ -15,6 +15,7 @@ use super::defs::Command;
 use super::error::{EngineError, IoContext, Result};
 use super::group::{self as signals, die_with_parent, Group};
 use super::plan::BuiltinInfo;
+use super::programs::Programs;
 use super::record::RunRecord;
 use super::spec::{short, InputSource, InstanceSpec, RunnerSpec};
 use super::store::{hash_output, Store};
@@ -24,16 +25,20 @@ use crate::artifact::{validate_output, Schema};
 pub struct Runtime {
     pub builtins: &'static [BuiltinInfo],
     pub resolve: fn(&str) -> Option<BuiltinFn>,
+    /// File name of the companion binary (next to this one) that runs the builtins tagged
+    /// [`Executable::Worker`](super::programs::Executable) this one lacks.
+    pub worker: &'static str,
 }
 
 pub enum ExecOutcome {
     Ran(Box<RunRecord>),
     AlreadyDone(Box<RunRecord>),
-    /// The builtin needs the ML worker binary (this one does not link libtorch).
-    NeedsWorker,
+    /// This binary lacks the builtin's code: the worker binary (this path) runs it.
+    NeedsWorker(PathBuf),
 }
 
 pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Result<ExecOutcome> {
+    let programs = Programs::of(rt);
     let spec = store.read_spec(key)?;
     let fail = |m: String| EngineError::Instance {
         key: short(key).to_string(),
@@ -45,12 +50,12 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
             "spec does not hash to its key (edited by hand?)".into(),
         ));
     }
+    let program = programs.for_runner(&spec.runner).map_err(&fail)?;
+    if program != programs.this() {
+        return Ok(ExecOutcome::NeedsWorker(program));
+    }
     let builtin = match &spec.runner {
-        RunnerSpec::Builtin { name, needs_ml } => match (rt.resolve)(name) {
-            Some(f) => Some(f),
-            None if *needs_ml => return Ok(ExecOutcome::NeedsWorker),
-            None => return Err(fail(format!("builtin `{name}` is not in this build"))),
-        },
+        RunnerSpec::Builtin { name, .. } => Some((rt.resolve)(name).ok_or_else(|| fail(format!("builtin `{name}` is not in this build")))?),
         RunnerSpec::External { .. } => None,
     };
 
@@ -474,11 +479,4 @@ pub fn versions() -> BTreeMap<String, String> {
         }
     }
     v
-}
-
-/// The worker binary next to the running executable.
-pub fn worker_exe() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let w = exe.with_file_name("rredcot-worker");
-    w.is_file().then_some(w)
 }

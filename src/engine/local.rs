@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -15,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use super::context::{parse_progress, parse_status, ExecStatus};
 use super::error::{EngineError, IoContext, Result};
-use super::exec::worker_exe;
+use super::programs::Programs;
 use super::group::{die_with_parent, Group};
 use super::runner::{Event, Executor};
-use super::spec::{short, InstanceSpec, RunnerSpec};
+use super::spec::{short, InstanceSpec};
 use super::store::Store;
 
 /// How long a timed-out or cancelled instance may take to end after SIGTERM before SIGKILL.
@@ -26,7 +25,7 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 
 pub struct LocalExecutor {
     store: Store,
-    exe: PathBuf,
+    programs: Programs,
     /// Machine has GPUs: stages without a GPU slot get an empty CUDA_VISIBLE_DEVICES.
     has_gpus: bool,
     tx: Sender<Event>,
@@ -47,11 +46,11 @@ struct Running {
 }
 
 impl LocalExecutor {
-    pub fn new(store: Store, exe: PathBuf, has_gpus: bool) -> Self {
+    pub fn new(store: Store, programs: Programs, has_gpus: bool) -> Self {
         let (tx, rx) = channel();
         LocalExecutor {
             store,
-            exe,
+            programs,
             has_gpus,
             tx,
             rx,
@@ -90,12 +89,7 @@ impl Executor for LocalExecutor {
             stage: spec.instance.clone(),
             message,
         };
-        let exe = match &spec.runner {
-            RunnerSpec::Builtin { needs_ml: true, name } => worker_exe().ok_or_else(|| {
-                fail(format!("builtin `{name}` needs the ML worker `rredcot-worker` next to {} (built by `cargo build --workspace`)", self.exe.display()))
-            })?,
-            _ => self.exe.clone(),
-        };
+        let exe = self.programs.for_runner(&spec.runner).map_err(&fail)?;
         let limit = spec.resources.time_limit().map_err(&fail)?;
         let mut cmd = Command::new(&exe);
         cmd.arg("stage")

@@ -19,20 +19,21 @@ use super::defs::{
 use super::error::{EngineError, Result};
 use crate::artifact::Schema;
 
+use super::programs::Executable;
+
 /// A builtin stage function known to this build (name and code version), without its code.
 #[derive(Debug, Clone, Copy)]
 pub struct BuiltinInfo {
     pub name: &'static str,
     pub version: &'static str,
-    /// Runs in the `rredcot-worker` binary (links libtorch).
-    pub needs_ml: bool,
+    pub runs_in: Executable,
 }
 
 #[derive(Debug, Clone)]
 pub enum Runner {
     Builtin {
         name: String,
-        needs_ml: bool,
+        in_worker: bool,
     },
     External {
         command: Command,
@@ -314,7 +315,7 @@ impl KindLoader<'_> {
                 (
                     Runner::Builtin {
                         name: b.clone(),
-                        needs_ml: info.needs_ml,
+                        in_worker: info.runs_in == Executable::Worker,
                     },
                     format!("{}@{}+{}", b, info.version, def.version),
                 )

@@ -65,7 +65,7 @@ impl<'a> Resolver<'a> {
             inputs.insert(name.clone(), spec);
         }
         let runner = match &node.kind.runner {
-            Runner::Builtin { name, needs_ml } => RunnerSpec::Builtin { name: name.clone(), needs_ml: *needs_ml },
+            Runner::Builtin { name, in_worker } => RunnerSpec::Builtin { name: name.clone(), in_worker: *in_worker },
             Runner::External { command, script, workdir } => {
                 let script_sha256 = match script {
                     Some(s) => Some(self.cached_hash(s, HashKind::ScriptBytes)?),

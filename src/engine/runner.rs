@@ -3,7 +3,6 @@
 //! budgets, and report progress.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -568,6 +567,3 @@ pub fn referenced_keys(plan: &Plan, store: &Store) -> Result<HashSet<String>> {
     Ok(keys)
 }
 
-pub fn self_exe() -> PathBuf {
-    std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rredcot"))
-}

@@ -24,9 +24,9 @@ use serde::Deserialize;
 use super::context::{parse_progress, parse_status, ExecStatus};
 use super::defs::{parse_toml_file, Resources};
 use super::error::{EngineError, Result};
-use super::exec::worker_exe;
+use super::programs::Programs;
 use super::runner::{Event, Executor};
-use super::spec::{short, InstanceSpec, RunnerSpec};
+use super::spec::{short, InstanceSpec};
 use super::store::Store;
 
 /// Cluster settings that do not belong in stage files: where jobs go and how often to poll.
@@ -180,7 +180,7 @@ struct Job {
 
 pub struct SlurmExecutor {
     store: Store,
-    exe: PathBuf,
+    programs: Programs,
     workdir: PathBuf,
     profile: SlurmProfile,
     pending: Vec<Pending>,
@@ -193,7 +193,7 @@ pub struct SlurmExecutor {
 impl SlurmExecutor {
     /// Check that the Slurm tools are there and the controller answers, and that the profile's
     /// partition exists. `store` is made absolute: jobs run elsewhere.
-    pub fn new(store: &Store, exe: PathBuf, profile: SlurmProfile) -> Result<SlurmExecutor> {
+    pub fn new(store: &Store, programs: Programs, profile: SlurmProfile) -> Result<SlurmExecutor> {
         let cluster = |message: String| EngineError::Store {
             path: store.root.clone(),
             message,
@@ -226,12 +226,11 @@ impl SlurmExecutor {
         }
         let root = std::fs::canonicalize(&store.root)
             .map_err(|e| cluster(format!("cannot resolve the store path: {e}")))?;
-        let exe = std::fs::canonicalize(&exe).unwrap_or(exe);
         let workdir = std::env::current_dir()
             .map_err(|e| cluster(format!("cannot read the current directory: {e}")))?;
         Ok(SlurmExecutor {
             store: Store { root },
-            exe,
+            programs,
             workdir,
             profile,
             pending: Vec::new(),
@@ -608,17 +607,11 @@ fn scan_log(store: &Store, key: &str, job: &mut Job, events: &mut VecDeque<Event
 
 impl Executor for SlurmExecutor {
     fn launch(&mut self, spec: &InstanceSpec, _gpu_ids: &[usize], force: bool) -> Result<()> {
-        let exe = match &spec.runner {
-            RunnerSpec::Builtin { needs_ml: true, name } => worker_exe().ok_or_else(|| EngineError::Instance {
-                key: short(&spec.key).to_string(),
-                stage: spec.instance.clone(),
-                message: format!(
-                    "builtin `{name}` needs the ML worker `rredcot-worker` next to {} (built by `cargo build --workspace`)",
-                    self.exe.display()
-                ),
-            })?,
-            _ => self.exe.clone(),
-        };
+        let exe = self.programs.for_runner(&spec.runner).map_err(|message| EngineError::Instance {
+            key: short(&spec.key).to_string(),
+            stage: spec.instance.clone(),
+            message,
+        })?;
         let exe = std::fs::canonicalize(&exe).unwrap_or(exe);
         self.pending.push(Pending {
             key: spec.key.clone(),
@@ -835,7 +828,7 @@ mod tests {
             store: Store {
                 root: "/shared/store".into(),
             },
-            exe: "/bin/rredcot".into(),
+            programs: Programs::at("/bin/rredcot".into(), &crate::engine::Runtime { builtins: &[], resolve: |_| None, worker: "worker" }),
             workdir: "/work".into(),
             profile,
             pending: Vec::new(),

@@ -20,7 +20,13 @@ pub const KEY_FORMAT: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RunnerSpec {
-    Builtin { name: String, needs_ml: bool },
+    /// `in_worker`: tagged [`Executable::Worker`](super::programs::Executable) (stored specs
+    /// written before the rename say `needs_ml`).
+    Builtin {
+        name: String,
+        #[serde(alias = "needs_ml")]
+        in_worker: bool,
+    },
     External { command: Command, script: Option<PathBuf>, script_sha256: Option<String>, workdir: PathBuf },
 }
 

@@ -13,36 +13,37 @@ pub mod skipped;
 pub mod taskgen;
 pub mod tokenizer_train;
 
+use crate::engine::Executable::{Engine, Worker};
 use crate::engine::{BuiltinFn, BuiltinInfo, Runtime};
 
 /// Every builtin this project ships: bump a version when the stage's output for the same inputs
 /// and params changes.
 pub const CATALOG: &[BuiltinInfo] = &[
-    BuiltinInfo { name: "demo_numbers", version: "1", needs_ml: false },
-    BuiltinInfo { name: "demo_scale", version: "1", needs_ml: false },
-    BuiltinInfo { name: "demo_sum", version: "1", needs_ml: false },
-    BuiltinInfo { name: "demo_step", version: "1", needs_ml: false },
-    BuiltinInfo { name: "taskgen", version: "2", needs_ml: false },
-    BuiltinInfo { name: "tokenizer_train", version: "2", needs_ml: false },
-    BuiltinInfo { name: "import", version: "2", needs_ml: false },
-    BuiltinInfo { name: "filter", version: "2", needs_ml: false },
-    BuiltinInfo { name: "bootstrap_sft", version: "2", needs_ml: true },
-    BuiltinInfo { name: "segment", version: "2", needs_ml: false },
-    BuiltinInfo { name: "rollout", version: "2", needs_ml: true },
-    BuiltinInfo { name: "score_sigma", version: "2", needs_ml: true },
-    BuiltinInfo { name: "score_mc", version: "3", needs_ml: true },
-    BuiltinInfo { name: "score_loo", version: "2", needs_ml: true },
-    BuiltinInfo { name: "score_grad", version: "2", needs_ml: true },
-    BuiltinInfo { name: "score_progress", version: "2", needs_ml: true },
-    BuiltinInfo { name: "reset", version: "2", needs_ml: true },
-    BuiltinInfo { name: "update", version: "2", needs_ml: true },
-    BuiltinInfo { name: "eval", version: "2", needs_ml: true },
-    BuiltinInfo { name: "report", version: "2", needs_ml: false },
-    BuiltinInfo { name: "analysis", version: "1", needs_ml: false },
-    BuiltinInfo { name: "credit_benchmark", version: "1", needs_ml: false },
-    BuiltinInfo { name: "locate_errors", version: "1", needs_ml: false },
-    BuiltinInfo { name: "judge", version: "1", needs_ml: false },
-    BuiltinInfo { name: "judge_local", version: "1", needs_ml: true },
+    BuiltinInfo { name: "demo_numbers", version: "1", runs_in: Engine },
+    BuiltinInfo { name: "demo_scale", version: "1", runs_in: Engine },
+    BuiltinInfo { name: "demo_sum", version: "1", runs_in: Engine },
+    BuiltinInfo { name: "demo_step", version: "1", runs_in: Engine },
+    BuiltinInfo { name: "taskgen", version: "2", runs_in: Engine },
+    BuiltinInfo { name: "tokenizer_train", version: "2", runs_in: Engine },
+    BuiltinInfo { name: "import", version: "2", runs_in: Engine },
+    BuiltinInfo { name: "filter", version: "2", runs_in: Engine },
+    BuiltinInfo { name: "bootstrap_sft", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "segment", version: "2", runs_in: Engine },
+    BuiltinInfo { name: "rollout", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "score_sigma", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "score_mc", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "score_loo", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "score_grad", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "score_progress", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "reset", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "update", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "eval", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "report", version: "2", runs_in: Engine },
+    BuiltinInfo { name: "analysis", version: "1", runs_in: Engine },
+    BuiltinInfo { name: "credit_benchmark", version: "1", runs_in: Engine },
+    BuiltinInfo { name: "locate_errors", version: "1", runs_in: Engine },
+    BuiltinInfo { name: "judge", version: "1", runs_in: Engine },
+    BuiltinInfo { name: "judge_local", version: "1", runs_in: Worker },
 ];
 
 /// Builtins that run without libtorch.
@@ -66,4 +67,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
     })
 }
 
-pub const LIGHT_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: light_builtin };
+pub const LIGHT_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: light_builtin, worker: WORKER };
+
+/// The binary that runs the stages tagged `Worker` (it links libtorch; `rredcot` does not).
+pub const WORKER: &str = "rredcot-worker";

@@ -1,5 +1,5 @@
 //! Builtin stages that need the model core. Their names and code versions are in the engine's
-//! catalog (`rredcot::stages::CATALOG`, `needs_ml = true`) so the engine binary can key them
+//! catalog (`rredcot::stages::CATALOG`, `runs_in: Worker`) so the engine binary can key them
 //! without linking libtorch.
 
 pub mod bootstrap_sft;
@@ -42,7 +42,7 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
     })
 }
 
-pub const FULL_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: full_builtin };
+pub const FULL_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: full_builtin, worker: rredcot::stages::WORKER };
 
 /// Applies the stage's `threads` param (0 = libtorch's default).
 fn set_threads(ctx: &StageContext) -> Result<()> {

@@ -1,0 +1,102 @@
+//! Which program runs an instance: decided here and nowhere else.
+//!
+//! A builtin runs in a binary that has its code. A binary that lacks the code of a builtin tagged
+//! [`Executable::Worker`] hands it to its companion *worker* binary, which sits next to it and is
+//! named by the application in its [`Runtime`]. Everything else (builtins it has, external
+//! commands) runs in the binary itself.
+
+use std::path::{Path, PathBuf};
+
+use super::context::BuiltinFn;
+use super::exec::Runtime;
+use super::spec::RunnerSpec;
+
+/// Where a builtin's code lives: the binary that plans pipelines, or the companion worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Executable {
+    Engine,
+    Worker,
+}
+
+/// The programs of one process: itself and, when it exists, its worker.
+#[derive(Clone)]
+pub struct Programs {
+    this: PathBuf,
+    worker_name: &'static str,
+    resolve: fn(&str) -> Option<BuiltinFn>,
+}
+
+impl Programs {
+    /// The running binary and the worker named by its runtime.
+    pub fn of(rt: &Runtime) -> Programs {
+        let this = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rredcot"));
+        Programs::at(this, rt)
+    }
+
+    pub fn at(this: PathBuf, rt: &Runtime) -> Programs {
+        Programs { this, worker_name: rt.worker, resolve: rt.resolve }
+    }
+
+    pub fn this(&self) -> &Path {
+        &self.this
+    }
+
+    /// The program that runs an instance with this runner, or why none can.
+    pub fn for_runner(&self, runner: &RunnerSpec) -> Result<PathBuf, String> {
+        match runner {
+            RunnerSpec::Builtin { name, in_worker: true } if (self.resolve)(name).is_none() => self.worker(&format!("builtin `{name}`")),
+            _ => Ok(self.this.clone()),
+        }
+    }
+
+    /// The worker binary, or an error saying that `what` needs it and how to build it.
+    pub fn worker(&self, what: &str) -> Result<PathBuf, String> {
+        let w = self.this.with_file_name(self.worker_name);
+        if w.is_file() {
+            Ok(w)
+        } else {
+            Err(format!(
+                "{what} runs in the worker `{}`, which is not next to {} (build both: cargo build --workspace --bins)",
+                self.worker_name,
+                self.this.display()
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::context::StageContext;
+    use crate::engine::spec::RunnerSpec;
+
+    fn light(_: &mut StageContext) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn resolve(name: &str) -> Option<BuiltinFn> {
+        (name == "light").then_some(light as BuiltinFn)
+    }
+
+    const RT: Runtime = Runtime { builtins: &[], resolve, worker: "the-worker" };
+
+    fn builtin(name: &str, in_worker: bool) -> RunnerSpec {
+        RunnerSpec::Builtin { name: name.into(), in_worker }
+    }
+
+    #[test]
+    fn a_missing_worker_builtin_goes_to_the_worker_and_nothing_else_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let this = dir.path().join("engine");
+        let p = Programs::at(this.clone(), &RT);
+        // Without the worker next to it: a clear error naming the builtin, the worker and the fix.
+        let err = p.for_runner(&builtin("heavy", true)).unwrap_err();
+        assert!(err.contains("builtin `heavy`") && err.contains("`the-worker`") && err.contains("cargo build --workspace --bins"), "{err}");
+        std::fs::write(dir.path().join("the-worker"), "").unwrap();
+        assert_eq!(p.for_runner(&builtin("heavy", true)).unwrap(), dir.path().join("the-worker"));
+        // Builtins this binary has, and untagged ones, run here (a missing untagged one is
+        // reported by `stage exec` as not in this build).
+        assert_eq!(p.for_runner(&builtin("light", true)).unwrap(), this);
+        assert_eq!(p.for_runner(&builtin("other", false)).unwrap(), this);
+    }
+}
