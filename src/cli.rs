@@ -243,7 +243,7 @@ fn load(args: &PlanArgs, rt: &Runtime) -> Result<Plan> {
         .iter()
         .map(|s| SetArg::parse(s))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(load_plan(&args.pipeline, &sets, rt.builtins)?)
+    Ok(load_plan(&args.pipeline, &sets, rt.catalog)?)
 }
 
 /// Replaces this process by the worker binary `w` with the same arguments.
@@ -453,7 +453,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             let store = Store::existing(&root)?;
             let mut keep = std::collections::HashSet::new();
             for p in &pipelines {
-                let plan = load_plan(p, &[], rt.builtins)?;
+                let plan = load_plan(p, &[], rt.catalog)?;
                 keep.extend(referenced_keys(&plan, &store)?);
             }
             let mut removed = 0;

@@ -63,7 +63,7 @@ fn check_pins(name: &str, now: &Pins) {
 /// The structural key of every instance of a pipeline (see the module doc), one pin per stage.
 fn structural_keys(pipeline: &Path) -> BTreeMap<String, String> {
     let sets: Vec<SetArg> = user_files(pipeline).iter().map(|s| SetArg::parse(s).unwrap()).collect();
-    let plan = load_plan(pipeline, &sets, CATALOG).unwrap_or_else(|e| panic!("{}: {e}", pipeline.display()));
+    let plan = load_plan(pipeline, &sets, &CATALOG).unwrap_or_else(|e| panic!("{}: {e}", pipeline.display()));
     let mut resolver = Resolver::new(&plan);
     let mut done: Vec<Option<Arc<RunRecord>>> = vec![None; plan.nodes.len()];
     let mut keys: BTreeMap<String, Vec<String>> = BTreeMap::new();

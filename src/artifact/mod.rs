@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use arrow::datatypes::{DataType, Field};
 
+use crate::engine::schema::{Layout, SchemaInfo};
+
 pub use parquet_io::{read_batches, read_rows, read_table_columns, validate_file, write_batch, write_rows, write_table, ArtifactError};
 
 /// The artifact kinds a stage may declare for an input or output.
@@ -49,7 +51,7 @@ impl Schema {
         Schema::ALL.iter().copied().find(|k| k.name() == s)
     }
 
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             Schema::Prompts => "prompts",
             Schema::Rollouts => "rollouts",
@@ -147,6 +149,42 @@ impl Schema {
     }
 }
 
+/// Every schema as the engine sees it (registered through `stages::CATALOG`), in `Schema::ALL`
+/// order.
+pub const SCHEMAS: &[SchemaInfo] = &[
+    Schema::Prompts.registered::<0>(),
+    Schema::Rollouts.registered::<1>(),
+    Schema::Segments.registered::<2>(),
+    Schema::Scores.registered::<3>(),
+    Schema::Eval.registered::<4>(),
+    Schema::Table.registered::<5>(),
+    Schema::Checkpoint.registered::<6>(),
+    Schema::Dir.registered::<7>(),
+    Schema::File.registered::<8>(),
+];
+
+/// `validate_output` for `Schema::ALL[I]`, as a plain function the engine can hold.
+fn validate_nth<const I: usize>(path: &Path) -> Result<(), String> {
+    validate_output(Schema::ALL[I], path).map_err(|e| e.to_string())
+}
+
+impl Schema {
+    /// The engine's description of this schema.
+    pub fn info(self) -> SchemaInfo {
+        SCHEMAS[Schema::ALL.iter().position(|s| *s == self).expect("every schema is in ALL")]
+    }
+
+    /// The engine's description of this schema; `I` is its index in `Schema::ALL`.
+    const fn registered<const I: usize>(self) -> SchemaInfo {
+        let layout = match self {
+            Schema::Checkpoint | Schema::Dir => Layout::Dir,
+            Schema::File => Layout::File,
+            _ => Layout::Table,
+        };
+        SchemaInfo { name: self.name(), layout, generic: matches!(self, Schema::Table | Schema::Dir | Schema::File), validate: validate_nth::<I> }
+    }
+}
+
 impl std::fmt::Display for Schema {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -173,4 +211,28 @@ pub fn validate_output(schema: Schema, path: &Path) -> Result<(), ArtifactError>
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod registration_tests {
+    use super::*;
+
+    #[test]
+    fn every_schema_is_registered_under_its_own_name_layout_and_validator() {
+        assert_eq!(SCHEMAS.len(), Schema::ALL.len());
+        let dir = tempfile::tempdir().unwrap();
+        for (info, s) in SCHEMAS.iter().zip(Schema::ALL) {
+            assert_eq!(info.name, s.name());
+            assert_eq!(info.output_path(dir.path(), "x"), s.output_path(dir.path(), "x"), "{s}");
+            assert_eq!(info.layout == Layout::Dir, s.is_dir(), "{s}");
+            // Each validator is its own schema's: a missing artifact is reported with that name.
+            let err = (info.validate)(&dir.path().join("missing")).unwrap_err();
+            assert!(!err.is_empty(), "{s}");
+        }
+        // The catch-alls accept any upstream; `file` no directory; a named schema only itself.
+        let by = |n: &str| *SCHEMAS.iter().find(|i| i.name == n).unwrap();
+        assert!(by("table").accepts(&by("rollouts")) && by("dir").accepts(&by("checkpoint")));
+        assert!(by("file").accepts(&by("prompts")) && !by("file").accepts(&by("checkpoint")));
+        assert!(!by("rollouts").accepts(&by("prompts")) && by("rollouts").accepts(&by("rollouts")));
+    }
 }

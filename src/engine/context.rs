@@ -10,7 +10,7 @@ use anyhow::{anyhow, Context};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::artifact::Schema;
+use super::schema::SchemaInfo;
 use crate::engine::record::RunRecord;
 use crate::engine::spec::InputSource;
 use crate::engine::store::Store;
@@ -25,12 +25,12 @@ pub struct StageContext {
     pub instance: String,
     pub key: String,
     pub params: Map<String, Value>,
-    pub inputs: BTreeMap<String, (Schema, PathBuf)>,
+    pub inputs: BTreeMap<String, (SchemaInfo, PathBuf)>,
     /// Content hash of each input (what the instance key was computed from).
     pub input_hashes: BTreeMap<String, String>,
     /// Where each input came from (upstream instance and key, or a file): provenance for reports.
     pub input_sources: BTreeMap<String, InputSource>,
-    pub outputs: BTreeMap<String, (Schema, PathBuf)>,
+    pub outputs: BTreeMap<String, (SchemaInfo, PathBuf)>,
     /// Scratch space inside the instance's temp dir (not part of the artifact).
     pub scratch: PathBuf,
     /// `<store>/cache/`: state a stage keeps across its runs outside any instance (e.g. the HTTP

@@ -14,16 +14,15 @@ use super::context::{emit_status, BuiltinFn, ExecStatus, StageContext};
 use super::defs::Command;
 use super::error::{EngineError, IoContext, Result};
 use super::group::{self as signals, die_with_parent, Group};
-use super::plan::BuiltinInfo;
+use super::schema::{Catalog, Layout};
 use super::programs::Programs;
 use super::record::RunRecord;
 use super::spec::{short, InputSource, InstanceSpec, RunnerSpec};
 use super::store::{hash_output, Store};
-use crate::artifact::{validate_output, Schema};
 
 /// What this binary can run in-process.
 pub struct Runtime {
-    pub builtins: &'static [BuiltinInfo],
+    pub catalog: &'static Catalog,
     pub resolve: fn(&str) -> Option<BuiltinFn>,
     /// File name of the companion binary (next to this one) that runs the builtins tagged
     /// [`Executable::Worker`](super::programs::Executable) this one lacks.
@@ -93,7 +92,9 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     // re-hashed here, whatever its size, so a stage never reads an input it has not checked.
     let mut inputs = BTreeMap::new();
     for (name, inp) in &spec.inputs {
-        let schema = Schema::parse(&inp.schema)
+        let schema = rt
+            .catalog
+            .schema(&inp.schema)
             .ok_or_else(|| fail(format!("input `{name}`: unknown schema {}", inp.schema)))?;
         let path = match &inp.source {
             InputSource::Instance {
@@ -117,7 +118,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
                         "input `{name}`: upstream {stage} output `{output}` changed since planning"
                     )));
                 }
-                let up_schema = Schema::parse(&out.schema).unwrap_or(schema);
+                let up_schema = rt.catalog.schema(&out.schema).unwrap_or(schema);
                 let path = up_schema.output_path(&store.outputs_dir(up), output);
                 if super::store::hash_source(&path).ok().as_deref() != Some(inp.hash.as_str()) {
                     return Err(fail(corrupt_input(store, name, up, stage, output)));
@@ -145,9 +146,9 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     let mut outputs = BTreeMap::new();
     for (name, s) in &spec.outputs {
         let schema =
-            Schema::parse(s).ok_or_else(|| fail(format!("output `{name}`: unknown schema {s}")))?;
+            rt.catalog.schema(s).ok_or_else(|| fail(format!("output `{name}`: unknown schema {s}")))?;
         let p = schema.output_path(&outputs_dir, name);
-        if schema.is_dir() {
+        if schema.layout == Layout::Dir {
             std::fs::create_dir_all(&p).at(&p)?;
         }
         outputs.insert(name.clone(), (schema, p));
@@ -196,7 +197,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     let _ = std::fs::remove_dir_all(&scratch);
     let mut out_recs = BTreeMap::new();
     for (name, (schema, path)) in &ctx.outputs {
-        if let Err(e) = validate_output(*schema, path) {
+        if let Err(e) = (schema.validate)(path) {
             let _ = std::fs::remove_dir_all(&tmp);
             // The temp dir is gone: name the output by its place in the instance instead.
             let within = path
@@ -204,16 +205,14 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
                 .unwrap_or(path)
                 .display()
                 .to_string();
-            let msg = e
-                .to_string()
-                .replace(&path.display().to_string(), &format!("outputs/{within}"));
+            let msg = e.replace(&path.display().to_string(), &format!("outputs/{within}"));
             return Err(fail(format!(
                 "output `{name}` (outputs/{within}) does not match schema `{schema}`: {msg}"
             )));
         }
         out_recs.insert(
             name.clone(),
-            hash_output(&outputs_dir, path, schema.name())?,
+            hash_output(&outputs_dir, path, schema.name)?,
         );
     }
     let rec = RunRecord {
@@ -337,8 +336,8 @@ fn run_external(
         "instance": spec.instance,
         "key": spec.key,
         "params": Value::Object(spec.params.clone()),
-        "inputs": ctx.inputs.iter().map(|(n, (s, p))| (n.clone(), json!({"path": p, "schema": s.name()}))).collect::<Map<_, _>>(),
-        "outputs": ctx.outputs.iter().map(|(n, (s, p))| (n.clone(), json!({"path": p, "schema": s.name()}))).collect::<Map<_, _>>(),
+        "inputs": ctx.inputs.iter().map(|(n, (s, p))| (n.clone(), json!({"path": p, "schema": s.name}))).collect::<Map<_, _>>(),
+        "outputs": ctx.outputs.iter().map(|(n, (s, p))| (n.clone(), json!({"path": p, "schema": s.name}))).collect::<Map<_, _>>(),
         "counters": counters_path,
         "scratch": ctx.scratch,
     });

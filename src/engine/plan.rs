@@ -17,9 +17,8 @@ use super::defs::{
     parse_toml_file, ChainDef, Command, PipelineFile, Resources, StageKindFile, StageUse,
 };
 use super::error::{EngineError, Result};
-use crate::artifact::Schema;
-
 use super::programs::Executable;
+use super::schema::{Catalog, SchemaInfo};
 
 /// A builtin stage function known to this build (name and code version), without its code.
 #[derive(Debug, Clone, Copy)]
@@ -50,17 +49,17 @@ pub struct StageKind {
     pub runner: Runner,
     /// Code version entering the cache key (builtin version + the stage file's `version`).
     pub code_version: String,
-    pub inputs: BTreeMap<String, Schema>,
+    pub inputs: BTreeMap<String, SchemaInfo>,
     /// Input groups: wired as `group.label` (see `StageKindFile::input_groups`).
-    pub input_groups: BTreeMap<String, Schema>,
-    pub outputs: BTreeMap<String, Schema>,
+    pub input_groups: BTreeMap<String, SchemaInfo>,
+    pub outputs: BTreeMap<String, SchemaInfo>,
     pub defaults: Map<String, Value>,
     pub resources: Resources,
 }
 
 impl StageKind {
     /// The schema of a wired input name: a declared input, or a member `group.label` of a group.
-    pub fn input_schema(&self, name: &str) -> Option<Schema> {
+    pub fn input_schema(&self, name: &str) -> Option<SchemaInfo> {
         self.inputs
             .get(name)
             .copied()
@@ -243,7 +242,7 @@ fn coerce(
 /// Load every stage kind file referenced by a pipeline.
 struct KindLoader<'a> {
     dirs: Vec<PathBuf>,
-    builtins: &'a [BuiltinInfo],
+    catalog: &'a Catalog,
     cache: HashMap<String, Arc<StageKind>>,
 }
 
@@ -299,12 +298,13 @@ impl KindLoader<'_> {
         let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
         let (runner, code_version) = match (&def.builtin, &def.command) {
             (Some(b), None) => {
-                let info = self.builtins.iter().find(|i| i.name == b).ok_or_else(|| {
+                let info = self.catalog.builtins.iter().find(|i| i.name == b).ok_or_else(|| {
                     EngineError::UnknownBuiltin {
                         path: file.to_path_buf(),
                         kind: kind.to_string(),
                         builtin: b.clone(),
                         known: self
+                            .catalog
                             .builtins
                             .iter()
                             .map(|i| i.name)
@@ -348,17 +348,13 @@ impl KindLoader<'_> {
             }
         };
         let schemas =
-            |m: &BTreeMap<String, String>, what: &str| -> Result<BTreeMap<String, Schema>> {
+            |m: &BTreeMap<String, String>, what: &str| -> Result<BTreeMap<String, SchemaInfo>> {
                 m.iter()
                     .map(|(n, s)| {
-                        Schema::parse(s).map(|sc| (n.clone(), sc)).ok_or_else(|| {
+                        self.catalog.schema(s).map(|sc| (n.clone(), sc)).ok_or_else(|| {
                             perr(format!(
                                 "{what} `{n}` has unknown schema `{s}` (known: {})",
-                                Schema::ALL
-                                    .iter()
-                                    .map(|s| s.name())
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
+                                self.catalog.schema_names()
                             ))
                         })
                     })
@@ -400,7 +396,7 @@ struct Pending {
     carry: BTreeMap<String, String>,
 }
 
-pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Result<Plan> {
+pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan> {
     let pf: PipelineFile = parse_toml_file(file)?;
     let pdir = file.parent().map(Path::to_path_buf).unwrap_or_default();
     let pdir = if pdir.as_os_str().is_empty() {
@@ -420,7 +416,7 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
     dirs.push(PathBuf::from("stages"));
     let mut loader = KindLoader {
         dirs,
-        builtins,
+        catalog,
         cache: HashMap::new(),
     };
     let wiring = |stage: &str, m: String| EngineError::Wiring {
@@ -592,7 +588,7 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
         let n = &p.node;
         let mut inputs = BTreeMap::new();
         // Checks that upstream output `r` exists and fits `schema`.
-        let check = |inp: &str, raw: &str, schema: Schema, r: &InputRef| -> Result<()> {
+        let check = |inp: &str, raw: &str, schema: SchemaInfo, r: &InputRef| -> Result<()> {
             let InputRef::Output { node, output } = r else {
                 return Ok(());
             };
@@ -607,13 +603,7 @@ pub fn load_plan(file: &Path, sets: &[SetArg], builtins: &[BuiltinInfo]) -> Resu
                     ),
                 ));
             };
-            // `dir`/`table` accept any upstream artifact; `file` accepts any that is a single file.
-            let generic = match schema {
-                Schema::Dir | Schema::Table => true,
-                Schema::File => !up_schema.is_dir(),
-                _ => false,
-            };
-            if *up_schema != schema && !generic {
+            if !schema.accepts(up_schema) {
                 return Err(wiring(
                     &n.name,
                     format!("input `{inp}` expects schema `{schema}` but `{raw}` is `{up_schema}`"),

@@ -69,6 +69,7 @@ mod tests {
     use super::*;
     use crate::engine::context::StageContext;
     use crate::engine::spec::RunnerSpec;
+    use crate::engine::Catalog;
 
     fn light(_: &mut StageContext) -> anyhow::Result<()> {
         Ok(())
@@ -78,7 +79,7 @@ mod tests {
         (name == "light").then_some(light as BuiltinFn)
     }
 
-    const RT: Runtime = Runtime { builtins: &[], resolve, worker: "the-worker" };
+    const RT: Runtime = Runtime { catalog: &Catalog { builtins: &[], schemas: &[] }, resolve, worker: "the-worker" };
 
     fn builtin(name: &str, in_worker: bool) -> RunnerSpec {
         RunnerSpec::Builtin { name: name.into(), in_worker }

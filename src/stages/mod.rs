@@ -14,11 +14,14 @@ pub mod taskgen;
 pub mod tokenizer_train;
 
 use crate::engine::Executable::{Engine, Worker};
-use crate::engine::{BuiltinFn, BuiltinInfo, Runtime};
+use crate::engine::{BuiltinFn, BuiltinInfo, Catalog, Runtime};
+
+/// Every builtin this project ships and the artifact schemas its stage files may name.
+pub const CATALOG: Catalog = Catalog { builtins: BUILTINS, schemas: crate::artifact::SCHEMAS };
 
 /// Every builtin this project ships: bump a version when the stage's output for the same inputs
 /// and params changes.
-pub const CATALOG: &[BuiltinInfo] = &[
+const BUILTINS: &[BuiltinInfo] = &[
     BuiltinInfo { name: "demo_numbers", version: "1", runs_in: Engine },
     BuiltinInfo { name: "demo_scale", version: "1", runs_in: Engine },
     BuiltinInfo { name: "demo_sum", version: "1", runs_in: Engine },
@@ -67,7 +70,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
     })
 }
 
-pub const LIGHT_RUNTIME: Runtime = Runtime { builtins: CATALOG, resolve: light_builtin, worker: WORKER };
+pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: light_builtin, worker: WORKER };
 
 /// The binary that runs the stages tagged `Worker` (it links libtorch; `rredcot` does not).
 pub const WORKER: &str = "rredcot-worker";
