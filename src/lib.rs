@@ -15,9 +15,25 @@ pub mod analysis;
 pub mod artifact;
 pub mod cli;
 pub mod credit;
-pub mod engine;
+/// The workflow engine (crate `rredcot-engine`), under its old path.
+pub use rredcot_engine as engine;
 pub mod evaluation;
 pub mod judge;
 pub mod math;
 pub mod report;
 pub mod stages;
+
+/// rredcot's version and those of the dependencies that shape results (from Cargo.lock at build).
+pub fn versions() -> std::collections::BTreeMap<String, String> {
+    let mut v = std::collections::BTreeMap::new();
+    v.insert("rredcot".into(), env!("CARGO_PKG_VERSION").into());
+    for pair in env!("RREDCOT_DEP_VERSIONS")
+        .split(',')
+        .filter(|s| !s.is_empty())
+    {
+        if let Some((k, ver)) = pair.split_once('=') {
+            v.insert(k.into(), ver.into());
+        }
+    }
+    v
+}

@@ -70,7 +70,7 @@ pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
     })
 }
 
-pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: light_builtin, worker: WORKER };
+pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: light_builtin, worker: WORKER, versions: crate::versions };
 
 /// The binary that runs the stages tagged `Worker` (it links libtorch; `rredcot` does not).
 pub const WORKER: &str = "rredcot-worker";

@@ -42,7 +42,7 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
     })
 }
 
-pub const FULL_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: full_builtin, worker: rredcot::stages::WORKER };
+pub const FULL_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: full_builtin, worker: rredcot::stages::WORKER, versions: rredcot::versions };
 
 /// Applies the stage's `threads` param (0 = libtorch's default).
 fn set_threads(ctx: &StageContext) -> Result<()> {

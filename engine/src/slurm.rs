@@ -828,7 +828,7 @@ mod tests {
             store: Store {
                 root: "/shared/store".into(),
             },
-            programs: Programs::at("/bin/rredcot".into(), &crate::engine::Runtime { catalog: &crate::engine::Catalog { builtins: &[], schemas: &[] }, resolve: |_| None, worker: "worker" }),
+            programs: Programs::at("/bin/rredcot".into(), &crate::Runtime { catalog: &crate::Catalog { builtins: &[], schemas: &[] }, resolve: |_| None, worker: "worker", versions: BTreeMap::new }),
             workdir: "/work".into(),
             profile,
             pending: Vec::new(),

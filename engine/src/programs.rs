@@ -67,9 +67,9 @@ impl Programs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::context::StageContext;
-    use crate::engine::spec::RunnerSpec;
-    use crate::engine::Catalog;
+    use crate::context::StageContext;
+    use crate::spec::RunnerSpec;
+    use crate::Catalog;
 
     fn light(_: &mut StageContext) -> anyhow::Result<()> {
         Ok(())
@@ -79,7 +79,7 @@ mod tests {
         (name == "light").then_some(light as BuiltinFn)
     }
 
-    const RT: Runtime = Runtime { catalog: &Catalog { builtins: &[], schemas: &[] }, resolve, worker: "the-worker" };
+    const RT: Runtime = Runtime { catalog: &Catalog { builtins: &[], schemas: &[] }, resolve, worker: "the-worker", versions: std::collections::BTreeMap::new };
 
     fn builtin(name: &str, in_worker: bool) -> RunnerSpec {
         RunnerSpec::Builtin { name: name.into(), in_worker }

@@ -1,8 +1,10 @@
 //! The workflow engine: stage/pipeline files, cache keys, the content-addressed store, run
 //! records, locking and executors.
 //!
-//! The engine knows nothing of models or of what stages compute: builtin stage functions are
-//! handed to it as a `Runtime`, and everything else is an external command.
+//! The engine knows nothing of models or of what stages compute, and being its own crate the
+//! compiler keeps it so: the application hands it a `Runtime` (its builtin stage functions, a
+//! `Catalog` of builtin names, versions and artifact schemas, and the name of its worker binary);
+//! everything else is an external command.
 
 pub mod context;
 pub mod defs;

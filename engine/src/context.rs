@@ -11,9 +11,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::schema::SchemaInfo;
-use crate::engine::record::RunRecord;
-use crate::engine::spec::InputSource;
-use crate::engine::store::Store;
+use crate::record::RunRecord;
+use crate::spec::InputSource;
+use crate::store::Store;
 
 /// A builtin stage: reads inputs, writes every declared output.
 pub type BuiltinFn = fn(&mut StageContext) -> anyhow::Result<()>;

@@ -27,6 +27,8 @@ pub struct Runtime {
     /// File name of the companion binary (next to this one) that runs the builtins tagged
     /// [`Executable::Worker`](super::programs::Executable) this one lacks.
     pub worker: &'static str,
+    /// The application's version and those of the libraries that shape results (run records).
+    pub versions: fn() -> BTreeMap<String, String>,
 }
 
 pub enum ExecOutcome {
@@ -231,7 +233,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         peak_rss_mb: peak_rss_mb(),
         host: hostname(),
         git_rev: spec.git_rev.clone(),
-        versions: versions(),
+        versions: (rt.versions)(),
         counters: ctx.counters.clone(),
         metrics: ctx.metrics.clone(),
     };
@@ -465,17 +467,3 @@ pub fn hostname() -> String {
     "unknown".into()
 }
 
-/// rredcot's version and those of the dependencies that shape results (from Cargo.lock at build).
-pub fn versions() -> BTreeMap<String, String> {
-    let mut v = BTreeMap::new();
-    v.insert("rredcot".into(), env!("CARGO_PKG_VERSION").into());
-    for pair in env!("RREDCOT_DEP_VERSIONS")
-        .split(',')
-        .filter(|s| !s.is_empty())
-    {
-        if let Some((k, ver)) = pair.split_once('=') {
-            v.insert(k.into(), ver.into());
-        }
-    }
-    v
-}
