@@ -6,8 +6,10 @@
 //! `Catalog` of builtin names, versions and artifact schemas, and the name of its worker binary);
 //! everything else is an external command.
 
+pub mod cache;
 pub mod context;
 pub mod defs;
+mod display;
 pub mod error;
 pub mod exec;
 pub mod group;

@@ -1,5 +1,4 @@
-//! Turning plan nodes into instance specs (and keys) once their upstream outputs are known, and
-//! explaining why an instance is not cached.
+//! Turning plan nodes into instance specs (and keys) once their upstream outputs are known.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -9,8 +8,8 @@ use super::error::Result;
 use super::hash::sha256_file;
 use super::plan::{InputRef, Plan, Runner};
 use super::record::RunRecord;
-use super::spec::{explain_change, InputSource, InputSpec, InstanceSpec, RunnerSpec};
-use super::store::{hash_source, RefEntry, Store};
+use super::spec::{InputSource, InputSpec, InstanceSpec, RunnerSpec};
+use super::store::hash_source;
 
 /// A `file:` input is hashed as an artifact (manifest); a script by its raw bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -119,27 +118,5 @@ impl<'a> Resolver<'a> {
             self.git_rev = Some(rev);
         }
         self.git_rev.clone().flatten()
-    }
-}
-
-/// Why `spec` is not served from the store, compared with the last run of the same instance.
-pub fn why_not_cached(store: &Store, refs: &BTreeMap<String, RefEntry>, spec: &InstanceSpec) -> Vec<String> {
-    match refs.get(&spec.instance) {
-        None => vec!["never run".into()],
-        Some(r) if r.key == spec.key => {
-            if store.instance_dir(&spec.key).exists() {
-                vec!["stored output is incomplete or corrupt".into()]
-            } else {
-                vec!["output is not in the store (removed or never finished)".into()]
-            }
-        }
-        Some(r) => {
-            let why = explain_change(&r.material, &spec.key_material());
-            if why.is_empty() {
-                vec!["key changed".into()]
-            } else {
-                why
-            }
-        }
     }
 }

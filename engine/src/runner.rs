@@ -1,21 +1,23 @@
-//! Running a pipeline: resolve keys in topological order, serve cached instances from the store,
-//! launch the rest through an executor (local processes or Slurm jobs) within the `-j` and GPU
-//! budgets, and report progress.
+//! Running a pipeline: select the targets (planning), resolve keys in topological order and serve
+//! cached instances from the store (`cache`), launch the rest through an executor (local
+//! processes or Slurm jobs) within the `-j` and GPU budgets (scheduling), and report progress
+//! (`display`).
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use super::error::{EngineError, Result};
 use super::group as signals;
 use super::plan::Plan;
 use super::record::RunRecord;
-use super::resolve::{why_not_cached, Resolver};
+use super::cache::{lookup, why_not_cached, Lookup, Refs};
+use super::display::Ui;
+use super::resolve::Resolver;
 use super::spec::{short, InstanceSpec};
-use super::store::{RefEntry, Store};
+use super::store::Store;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -116,421 +118,349 @@ pub fn detect_gpus() -> usize {
         .unwrap_or(0)
 }
 
-struct Ui {
-    mp: MultiProgress,
-    overall: ProgressBar,
-    bars: BTreeMap<String, ProgressBar>,
-}
-
-impl Ui {
-    fn new(total: u64) -> Ui {
-        let mp = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
-        let overall = mp.add(ProgressBar::new(total));
-        overall.set_style(
-            ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} stages {msg}")
-                .expect("template"),
-        );
-        Ui {
-            mp,
-            overall,
-            bars: BTreeMap::new(),
-        }
-    }
-
-    fn line(&self, s: &str) {
-        if self.mp.is_hidden() {
-            eprintln!("{s}");
-        } else {
-            let _ = self.mp.println(s);
-        }
-    }
-
-    fn progress(&mut self, key: &str, label: &str, pos: u64, len: u64, msg: &str) {
-        let bar = self.bars.entry(key.to_string()).or_insert_with(|| {
-            let b = self.mp.add(ProgressBar::new(len));
-            b.set_style(
-                ProgressStyle::with_template("  {prefix:24} {bar:24} {pos}/{len} {msg}")
-                    .expect("template"),
-            );
-            b.set_prefix(label.to_string());
-            b
-        });
-        bar.set_length(len);
-        bar.set_position(pos);
-        bar.set_message(msg.to_string());
-    }
-
-    fn done(&mut self, key: &str) {
-        if let Some(b) = self.bars.remove(key) {
-            b.finish_and_clear();
-            self.mp.remove(&b);
-        }
-        self.overall.inc(1);
-    }
-}
-
-pub fn run_pipeline(
-    plan: &Plan,
-    store: &Store,
-    opts: &RunOptions,
-    exec: &mut dyn Executor,
-) -> Result<RunSummary> {
+pub fn run_pipeline(plan: &Plan, store: &Store, opts: &RunOptions, exec: &mut dyn Executor) -> Result<RunSummary> {
     let t0 = Instant::now();
-    let n = plan.nodes.len();
-    let mut targets = vec![true; n];
-    if !opts.until.is_empty() {
-        let mut sel = Vec::new();
-        for u in &opts.until {
-            let m = plan.matching(u);
-            if m.is_empty() {
-                return Err(EngineError::NoSuchStage(u.clone()));
-            }
-            sel.extend(m);
-        }
-        targets = plan.with_ancestors(&sel);
-    }
-    let mut forced = vec![false; n];
-    for f in &opts.force {
-        let m = plan.matching(f);
-        if m.is_empty() {
-            return Err(EngineError::NoSuchStage(f.clone()));
-        }
-        for i in m {
-            forced[i] = true;
-        }
-    }
-
-    let mut resolver = Resolver::new(plan);
-    let ups: Vec<Vec<usize>> = (0..n).map(|i| resolver.upstream(i)).collect();
-    let mut refs = store.read_refs(&plan.name);
-    let mut refs_dirty = false;
-    let mut states: Vec<State> = vec![State::Waiting; n];
-    let mut done_recs: Vec<Option<Arc<RunRecord>>> = vec![None; n];
-    let mut summary = RunSummary {
-        pipeline: plan.name.clone(),
-        ..Default::default()
-    };
-    let total = targets.iter().filter(|t| **t).count() as u64;
-    let mut ui = Ui::new(total);
-    let mut queue: VecDeque<usize> = VecDeque::new();
-    let mut cpu_free = opts.jobs.max(1);
-    let mut gpu_free: Vec<usize> = (0..opts.gpus).collect();
-    let mut running = 0usize;
-    let mut stop_launching = false;
-    let mut signals_seen = 0;
-    let index_of_key = |states: &Vec<State>, key: &str| {
-        states
-            .iter()
-            .position(|s| matches!(s, State::Running(sp, _) if sp.key == key))
-    };
-
+    let selection = Selection::of(plan, opts)?;
+    let mut run = Scheduler::new(plan, store, opts, selection);
     loop {
-        // Resolve every waiting node whose upstream is settled.
+        run.resolve_ready()?;
+        run.handle_signals(exec);
+        if !run.stop_launching {
+            run.launch_ready(exec)?;
+        }
+        if run.running == 0 && (run.queue.is_empty() || run.stop_launching) {
+            break;
+        }
+        for ev in exec.poll(Duration::from_millis(100)) {
+            run.on_event(ev);
+        }
+    }
+    run.finish(t0)
+}
+
+/// Planning: which nodes this run targets (`--until` and their ancestors) and which are forced.
+struct Selection {
+    targets: Vec<bool>,
+    forced: Vec<bool>,
+}
+
+impl Selection {
+    fn of(plan: &Plan, opts: &RunOptions) -> Result<Selection> {
+        let n = plan.nodes.len();
+        let matching = |pattern: &String| {
+            let m = plan.matching(pattern);
+            if m.is_empty() {
+                Err(EngineError::NoSuchStage(pattern.clone()))
+            } else {
+                Ok(m)
+            }
+        };
+        let targets = if opts.until.is_empty() {
+            vec![true; n]
+        } else {
+            let mut sel = Vec::new();
+            for u in &opts.until {
+                sel.extend(matching(u)?);
+            }
+            plan.with_ancestors(&sel)
+        };
+        let mut forced = vec![false; n];
+        for f in &opts.force {
+            for i in matching(f)? {
+                forced[i] = true;
+            }
+        }
+        Ok(Selection { targets, forced })
+    }
+}
+
+/// Scheduling: the state of every node, the launch queue and the CPU/GPU budgets of one run.
+struct Scheduler<'a> {
+    plan: &'a Plan,
+    store: &'a Store,
+    opts: &'a RunOptions,
+    sel: Selection,
+    resolver: Resolver<'a>,
+    ups: Vec<Vec<usize>>,
+    refs: Refs,
+    states: Vec<State>,
+    done_recs: Vec<Option<Arc<RunRecord>>>,
+    summary: RunSummary,
+    ui: Ui,
+    queue: VecDeque<usize>,
+    cpu_free: usize,
+    gpu_free: Vec<usize>,
+    running: usize,
+    stop_launching: bool,
+    signals_seen: u32,
+}
+
+impl<'a> Scheduler<'a> {
+    fn new(plan: &'a Plan, store: &'a Store, opts: &'a RunOptions, sel: Selection) -> Scheduler<'a> {
+        let n = plan.nodes.len();
+        let resolver = Resolver::new(plan);
+        let ups = (0..n).map(|i| resolver.upstream(i)).collect();
+        let total = sel.targets.iter().filter(|t| **t).count() as u64;
+        Scheduler {
+            plan,
+            store,
+            opts,
+            sel,
+            resolver,
+            ups,
+            refs: Refs::read(store, &plan.name),
+            states: vec![State::Waiting; n],
+            done_recs: vec![None; n],
+            summary: RunSummary { pipeline: plan.name.clone(), ..Default::default() },
+            ui: Ui::new(total),
+            queue: VecDeque::new(),
+            cpu_free: opts.jobs.max(1),
+            gpu_free: (0..opts.gpus).collect(),
+            running: 0,
+            stop_launching: false,
+            signals_seen: 0,
+        }
+    }
+
+    /// The node running an instance with this key.
+    fn running_index(&self, key: &str) -> Option<usize> {
+        self.states.iter().position(|s| matches!(s, State::Running(sp, _) if sp.key == key))
+    }
+
+    /// Resolve every waiting node whose upstream is settled: blocked, unknown (dry run), cached,
+    /// or queued to run.
+    fn resolve_ready(&mut self) -> Result<()> {
         let mut progressed = true;
         while progressed {
             progressed = false;
-            for &i in &plan.order {
-                if !targets[i] || !matches!(states[i], State::Waiting) {
+            for &i in &self.plan.order {
+                if !self.sel.targets[i] || !matches!(self.states[i], State::Waiting) {
                     continue;
                 }
-                if ups[i]
-                    .iter()
-                    .any(|&u| matches!(states[u], State::Failed | State::Blocked))
-                {
-                    states[i] = State::Blocked;
-                    summary.not_run.push(plan.nodes[i].name.clone());
+                let name = self.plan.nodes[i].name.clone();
+                if self.ups[i].iter().any(|&u| matches!(self.states[u], State::Failed | State::Blocked)) {
+                    self.states[i] = State::Blocked;
+                    self.summary.not_run.push(name);
                     progressed = true;
                     continue;
                 }
-                if let Some(&u) = ups[i]
-                    .iter()
-                    .find(|&&u| matches!(states[u], State::Unknown))
-                {
-                    states[i] = State::Unknown;
-                    summary.would_run.push((
-                        plan.nodes[i].name.clone(),
-                        vec![format!("upstream `{}` will run", plan.nodes[u].name)],
-                    ));
+                if let Some(&u) = self.ups[i].iter().find(|&&u| matches!(self.states[u], State::Unknown)) {
+                    self.states[i] = State::Unknown;
+                    self.summary.would_run.push((name, vec![format!("upstream `{}` will run", self.plan.nodes[u].name)]));
                     progressed = true;
                     continue;
                 }
-                if !ups[i].iter().all(|&u| matches!(states[u], State::Done)) {
+                if !self.ups[i].iter().all(|&u| matches!(self.states[u], State::Done)) {
                     continue;
                 }
-                let spec = resolver.spec(i, &done_recs)?;
-                summary
-                    .keys
-                    .insert(plan.nodes[i].name.clone(), spec.key.clone());
+                let spec = self.resolver.spec(i, &self.done_recs)?;
+                self.summary.keys.insert(name.clone(), spec.key.clone());
                 progressed = true;
-                let name = &plan.nodes[i].name;
-                let mut reused = false;
-                let cached = match store.checked_record(&spec.key) {
-                    _ if forced[i] => None,
-                    Ok(rec) => rec,
-                    Err(_) if opts.dry_run => None,
-                    Err(_) => {
-                        // Re-checked under the lock: another run may have replaced it by now.
-                        let on_wait = || {
-                            ui.line(&format!(
-                                "waiting  {name} ({}): another process holds its lock",
-                                short(&spec.key)
-                            ))
-                        };
-                        match store.quarantine_if_corrupt(&spec.key, false, on_wait)? {
-                            Some((why, dest)) => {
-                                ui.line(&format!(
-                                    "corrupt  {name} ({}): {why}; moved to {} and recomputing",
-                                    short(&spec.key),
-                                    dest.display()
-                                ));
-                                None
-                            }
-                            None => {
-                                reused = true;
-                                store.checked_record(&spec.key).ok().flatten()
-                            }
-                        }
+                let ui = &self.ui;
+                let found = lookup(self.store, &spec, self.sel.forced[i], self.opts.dry_run, &|l| ui.line(l))?;
+                let rec = match found {
+                    Lookup::Reused(rec) => {
+                        self.ui.line(&format!("reused   {name} ({}): committed by another process while this run waited", short(&spec.key)));
+                        self.summary.reused.push(name.clone());
+                        Some(rec)
                     }
+                    Lookup::Cached(rec) => {
+                        if self.opts.verbose {
+                            self.ui.line(&format!("cached   {name} ({})", short(&spec.key)));
+                        }
+                        self.summary.cached.push(name.clone());
+                        Some(rec)
+                    }
+                    Lookup::Miss => None,
                 };
-                if let Some(rec) = cached {
-                    if reused {
-                        ui.line(&format!("reused   {name} ({}): committed by another process while this run waited", short(&spec.key)));
-                        summary.reused.push(name.clone());
-                    } else {
-                        if opts.verbose {
-                            ui.line(&format!("cached   {name} ({})", short(&spec.key)));
-                        }
-                        summary.cached.push(name.clone());
-                    }
-                    note_ref(&mut refs, &mut refs_dirty, &spec);
-                    let rec = Arc::new(rec);
-                    done_recs[i] = Some(rec);
-                    states[i] = State::Done;
-                    ui.done(&spec.key);
-                } else if opts.dry_run {
-                    let mut why = why_not_cached(store, &refs, &spec);
-                    if forced[i] {
+                if let Some(rec) = rec {
+                    self.refs.note(&spec);
+                    self.done_recs[i] = Some(Arc::new(rec));
+                    self.states[i] = State::Done;
+                    self.ui.done(&spec.key);
+                } else if self.opts.dry_run {
+                    let mut why = why_not_cached(self.store, &self.refs.entries, &spec);
+                    if self.sel.forced[i] {
                         why.insert(0, "forced".into());
                     }
-                    summary.would_run.push((plan.nodes[i].name.clone(), why));
-                    states[i] = State::Unknown;
+                    self.summary.would_run.push((name, why));
+                    self.states[i] = State::Unknown;
                 } else {
-                    if opts.verbose || refs.contains_key(&spec.instance) {
-                        let why = if forced[i] {
-                            vec!["forced".to_string()]
-                        } else {
-                            why_not_cached(store, &refs, &spec)
-                        };
+                    if self.opts.verbose || self.refs.entries.contains_key(&spec.instance) {
+                        let why = if self.sel.forced[i] { vec!["forced".to_string()] } else { why_not_cached(self.store, &self.refs.entries, &spec) };
                         tracing::info!(stage = %spec.instance, key = %short(&spec.key), "will run: {}", why.join("; "));
                     }
-                    states[i] = State::Queued(Box::new(spec));
-                    queue.push_back(i);
+                    self.states[i] = State::Queued(Box::new(spec));
+                    self.queue.push_back(i);
                 }
             }
         }
+        Ok(())
+    }
 
-        if let Some(sig) = signals::received() {
-            if !summary.interrupted {
-                stop_launching = true;
-                summary.interrupted = true;
-                summary.signal = Some(sig);
-                ui.line(&format!(
-                    "interrupted ({}): stopping running stages (finished stages are kept; rerun to resume; a second Ctrl-C kills them)",
-                    signals::signal_name(sig)
-                ));
-                exec.cancel_all(false);
-                signals_seen = signals::count();
-            } else if signals::count() > signals_seen {
-                signals_seen = signals::count();
-                exec.cancel_all(true);
-            }
+    /// A first Ctrl-C/SIGTERM stops launching and cancels what runs; a second one kills it.
+    fn handle_signals(&mut self, exec: &mut dyn Executor) {
+        let Some(sig) = signals::received() else { return };
+        if !self.summary.interrupted {
+            self.stop_launching = true;
+            self.summary.interrupted = true;
+            self.summary.signal = Some(sig);
+            self.ui.line(&format!(
+                "interrupted ({}): stopping running stages (finished stages are kept; rerun to resume; a second Ctrl-C kills them)",
+                signals::signal_name(sig)
+            ));
+            exec.cancel_all(false);
+            self.signals_seen = signals::count();
+        } else if signals::count() > self.signals_seen {
+            self.signals_seen = signals::count();
+            exec.cancel_all(true);
         }
+    }
 
-        // Launch what fits the CPU and GPU budgets, in queue order.
-        if !stop_launching {
-            let mut deferred = VecDeque::new();
-            while let Some(i) = queue.pop_front() {
-                let State::Queued(spec) = states[i].clone() else {
-                    continue;
-                };
-                // Another stage of this pipeline with the same key is running: wait for it and
-                // reuse its result instead of launching a second writer.
-                if index_of_key(&states, &spec.key).is_some() {
-                    deferred.push_back(i);
-                    continue;
+    /// Launch what fits the CPU and GPU budgets, in queue order.
+    fn launch_ready(&mut self, exec: &mut dyn Executor) -> Result<()> {
+        let mut deferred = VecDeque::new();
+        while let Some(i) = self.queue.pop_front() {
+            let State::Queued(spec) = self.states[i].clone() else {
+                continue;
+            };
+            // Another stage of this pipeline with the same key is running: wait for it and
+            // reuse its result instead of launching a second writer.
+            if self.running_index(&spec.key).is_some() {
+                deferred.push_back(i);
+                continue;
+            }
+            let cpus = self.cpus_of(&spec);
+            let gpus = if self.opts.gpus == 0 { 0 } else { spec.resources.gpus as usize };
+            if gpus > self.opts.gpus {
+                return Err(EngineError::Instance {
+                    key: short(&spec.key).into(),
+                    stage: spec.instance.clone(),
+                    message: format!("needs {gpus} GPUs but this machine has {}", self.opts.gpus),
+                });
+            }
+            if cpus > self.cpu_free || gpus > self.gpu_free.len() {
+                deferred.push_back(i);
+                continue;
+            }
+            self.cpu_free -= cpus;
+            let ids: Vec<usize> = self.gpu_free.drain(..gpus).collect();
+            if spec.git_rev.is_none() {
+                let mut s = (*spec).clone();
+                s.git_rev = self.resolver.git_rev();
+                self.store.write_spec(&s)?;
+            } else {
+                self.store.write_spec(&spec)?;
+            }
+            self.ui.line(&format!("run      {} ({})", spec.instance, short(&spec.key)));
+            exec.launch(&spec, &ids, self.sel.forced[i])?;
+            self.running += 1;
+            self.states[i] = State::Running(spec, ids);
+        }
+        self.queue = deferred;
+        Ok(())
+    }
+
+    fn cpus_of(&self, spec: &InstanceSpec) -> usize {
+        (spec.resources.cpus.max(1) as usize).min(self.opts.jobs.max(1))
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Progress { key, pos, len, message } => {
+                if let Some(i) = self.running_index(&key) {
+                    self.ui.progress(&key, &self.plan.nodes[i].name, pos, len, &message);
                 }
-                let cpus = (spec.resources.cpus.max(1) as usize).min(opts.jobs.max(1));
-                let gpus = if opts.gpus == 0 {
-                    0
+            }
+            Event::Waiting { key } => {
+                if let Some(i) = self.running_index(&key) {
+                    self.ui.line(&format!(
+                        "waiting  {} ({}): another process is writing this instance; will reuse it",
+                        self.plan.nodes[i].name,
+                        short(&key)
+                    ));
+                }
+            }
+            Event::Finished { key, ok, message, reused } => self.on_finished(&key, ok, &message, reused),
+        }
+    }
+
+    fn on_finished(&mut self, key: &str, ok: bool, message: &str, reused: bool) {
+        let Some(i) = self.running_index(key) else {
+            return;
+        };
+        let State::Running(spec, ids) = self.states[i].clone() else {
+            return;
+        };
+        self.running -= 1;
+        self.cpu_free += self.cpus_of(&spec);
+        self.gpu_free.extend(ids);
+        self.gpu_free.sort();
+        self.ui.done(key);
+        let rec = if ok { self.store.record(key) } else { None };
+        match rec {
+            Some(rec) => {
+                if reused {
+                    self.ui.line(&format!("reused   {} ({}): committed by another process while this run waited", spec.instance, short(key)));
+                    self.summary.reused.push(spec.instance.clone());
                 } else {
-                    spec.resources.gpus as usize
-                };
-                if gpus > opts.gpus {
-                    return Err(EngineError::Instance {
-                        key: short(&spec.key).into(),
-                        stage: spec.instance.clone(),
-                        message: format!("needs {gpus} GPUs but this machine has {}", opts.gpus),
-                    });
+                    self.ui.line(&format!("done     {} ({}) in {:.2}s", spec.instance, short(key), rec.wall_s));
+                    for (k, v) in &rec.counters {
+                        *self.summary.counters.entry(k.clone()).or_insert(0) += v;
+                    }
+                    self.summary.ran.push(spec.instance.clone());
                 }
-                if cpus > cpu_free || gpus > gpu_free.len() {
-                    deferred.push_back(i);
-                    continue;
+                self.refs.note(&spec);
+                let rec = Arc::new(rec);
+                // Stages of this pipeline with the same key take the same result.
+                for j in 0..self.plan.nodes.len() {
+                    if j != i && matches!(&self.states[j], State::Queued(s) if s.key == key) {
+                        self.ui.line(&format!("reused   {} ({}): same instance as {}", self.plan.nodes[j].name, short(key), spec.instance));
+                        self.summary.reused.push(self.plan.nodes[j].name.clone());
+                        self.done_recs[j] = Some(rec.clone());
+                        self.states[j] = State::Done;
+                        self.queue.retain(|&q| q != j);
+                        self.ui.done(key);
+                    }
                 }
-                cpu_free -= cpus;
-                let ids: Vec<usize> = gpu_free.drain(..gpus).collect();
-                if spec.git_rev.is_none() {
-                    let mut s = (*spec).clone();
-                    s.git_rev = resolver.git_rev();
-                    store.write_spec(&s)?;
-                } else {
-                    store.write_spec(&spec)?;
-                }
-                ui.line(&format!(
-                    "run      {} ({})",
+                self.done_recs[i] = Some(rec);
+                self.states[i] = State::Done;
+            }
+            None if self.summary.interrupted => {
+                self.ui.line(&format!("stopped  {} ({}): interrupted; nothing committed", spec.instance, short(key)));
+                self.states[i] = State::Failed;
+                self.summary.not_run.push(spec.instance.clone());
+            }
+            None => {
+                let tail = log_tail(&self.store.log_path(key), 20);
+                self.ui.line(&format!(
+                    "FAILED   {} ({}): {message}\n  log: {}\n{tail}",
                     spec.instance,
-                    short(&spec.key)
+                    short(key),
+                    self.store.log_path(key).display()
                 ));
-                exec.launch(&spec, &ids, forced[i])?;
-                running += 1;
-                states[i] = State::Running(spec, ids);
-            }
-            queue = deferred;
-        }
-
-        if running == 0 && (queue.is_empty() || stop_launching) {
-            break;
-        }
-
-        for ev in exec.poll(Duration::from_millis(100)) {
-            match ev {
-                Event::Progress {
-                    key,
-                    pos,
-                    len,
-                    message,
-                } => {
-                    if let Some(i) = index_of_key(&states, &key) {
-                        ui.progress(&key, &plan.nodes[i].name, pos, len, &message);
-                    }
-                }
-                Event::Waiting { key } => {
-                    if let Some(i) = index_of_key(&states, &key) {
-                        ui.line(&format!("waiting  {} ({}): another process is writing this instance; will reuse it", plan.nodes[i].name, short(&key)));
-                    }
-                }
-                Event::Finished {
-                    key,
-                    ok,
-                    message,
-                    reused,
-                } => {
-                    let Some(i) = index_of_key(&states, &key) else {
-                        continue;
-                    };
-                    let State::Running(spec, ids) = states[i].clone() else {
-                        continue;
-                    };
-                    running -= 1;
-                    cpu_free += (spec.resources.cpus.max(1) as usize).min(opts.jobs.max(1));
-                    gpu_free.extend(ids);
-                    gpu_free.sort();
-                    ui.done(&key);
-                    let rec = if ok { store.record(&key) } else { None };
-                    match rec {
-                        Some(rec) => {
-                            if reused {
-                                ui.line(&format!("reused   {} ({}): committed by another process while this run waited", spec.instance, short(&key)));
-                                summary.reused.push(spec.instance.clone());
-                            } else {
-                                ui.line(&format!(
-                                    "done     {} ({}) in {:.2}s",
-                                    spec.instance,
-                                    short(&key),
-                                    rec.wall_s
-                                ));
-                                for (k, v) in &rec.counters {
-                                    *summary.counters.entry(k.clone()).or_insert(0) += v;
-                                }
-                                summary.ran.push(spec.instance.clone());
-                            }
-                            note_ref(&mut refs, &mut refs_dirty, &spec);
-                            let rec = Arc::new(rec);
-                            // Stages of this pipeline with the same key take the same result.
-                            for j in 0..n {
-                                if j != i && matches!(&states[j], State::Queued(s) if s.key == key)
-                                {
-                                    ui.line(&format!(
-                                        "reused   {} ({}): same instance as {}",
-                                        plan.nodes[j].name,
-                                        short(&key),
-                                        spec.instance
-                                    ));
-                                    summary.reused.push(plan.nodes[j].name.clone());
-                                    done_recs[j] = Some(rec.clone());
-                                    states[j] = State::Done;
-                                    queue.retain(|&q| q != j);
-                                    ui.done(&key);
-                                }
-                            }
-                            done_recs[i] = Some(rec);
-                            states[i] = State::Done;
-                        }
-                        None if summary.interrupted => {
-                            ui.line(&format!(
-                                "stopped  {} ({}): interrupted; nothing committed",
-                                spec.instance,
-                                short(&key)
-                            ));
-                            states[i] = State::Failed;
-                            summary.not_run.push(spec.instance.clone());
-                        }
-                        None => {
-                            let tail = log_tail(&store.log_path(&key), 20);
-                            ui.line(&format!(
-                                "FAILED   {} ({}): {message}\n  log: {}\n{tail}",
-                                spec.instance,
-                                short(&key),
-                                store.log_path(&key).display()
-                            ));
-                            states[i] = State::Failed;
-                            summary.failed.push(spec.instance.clone());
-                            if !opts.keep_going {
-                                stop_launching = true;
-                            }
-                        }
-                    }
+                self.states[i] = State::Failed;
+                self.summary.failed.push(spec.instance.clone());
+                if !self.opts.keep_going {
+                    self.stop_launching = true;
                 }
             }
         }
     }
 
-    for (i, s) in states.iter().enumerate() {
-        if targets[i] && matches!(s, State::Waiting | State::Queued(_)) {
-            summary.not_run.push(plan.nodes[i].name.clone());
+    /// Count what never ran, save the refs, close the display.
+    fn finish(mut self, t0: Instant) -> Result<RunSummary> {
+        for (i, s) in self.states.iter().enumerate() {
+            if self.sel.targets[i] && matches!(s, State::Waiting | State::Queued(_)) {
+                self.summary.not_run.push(self.plan.nodes[i].name.clone());
+            }
         }
-    }
-    if refs_dirty && !opts.dry_run {
-        store.write_refs(&plan.name, &refs)?;
-    }
-    ui.overall.finish_and_clear();
-    summary.wall_s = t0.elapsed().as_secs_f64();
-    Ok(summary)
-}
-
-fn note_ref(refs: &mut BTreeMap<String, RefEntry>, dirty: &mut bool, spec: &InstanceSpec) {
-    if refs
-        .get(&spec.instance)
-        .map(|r| r.key != spec.key)
-        .unwrap_or(true)
-    {
-        refs.insert(
-            spec.instance.clone(),
-            RefEntry {
-                key: spec.key.clone(),
-                material: spec.key_material(),
-            },
-        );
-        *dirty = true;
+        if !self.opts.dry_run {
+            self.refs.save(self.store, &self.plan.name)?;
+        }
+        self.ui.finish();
+        self.summary.wall_s = t0.elapsed().as_secs_f64();
+        Ok(self.summary)
     }
 }
 
