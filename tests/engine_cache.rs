@@ -238,3 +238,38 @@ fn set_uses_swaps_a_stage_kind_and_drops_params_it_lacks_with_a_warning() {
     let out = p.run(&["pipeline", "run", pl.to_str().unwrap(), "--set", "nope.uses=demo_sum"]);
     assert!(common::text(&out.stderr).contains("no stage `nope`"));
 }
+
+/// A stage file that `extends` another states only what differs: its instances get exactly the
+/// keys of the same stage kinds written out in full; an unknown parent and a cycle are clear errors.
+#[test]
+fn a_stage_file_extending_another_keys_like_the_full_file() {
+    let repo_stage = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("stages/demo_scale.toml")).unwrap();
+    let full = repo_stage.replace("factor = 2.0", "factor = 5.0").replace("x * factor", "x * 5");
+    // Project a: the kinds written out in full; project b: by extension (the parent found in the
+    // repo's stage dir), and a grandchild.
+    let (a, b) = (Project::new(), Project::new());
+    a.write("stages/five.toml", &full);
+    a.write("stages/five_again.toml", &full);
+    b.write("stages/five.toml", "extends = \"demo_scale\"\ndescription = \"x * 5\"\n[params]\nfactor = 5.0\n");
+    b.write("stages/five_again.toml", "extends = \"five\"\n");
+    let body = "[[stage]]\nname = \"numbers\"\nuses = \"demo_numbers\"\nparams = { n = 50, seed = 1 }\n\
+        [[stage]]\nname = \"ext\"\nuses = \"five\"\ninputs = { table = \"numbers.table\" }\n\
+        [[stage]]\nname = \"ext2\"\nuses = \"five_again\"\ninputs = { table = \"numbers.table\" }\n\
+        [[stage]]\nname = \"plain\"\nuses = \"demo_scale\"\ninputs = { table = \"numbers.table\" }\n";
+    let sa = a.run_ok(&a.pipeline("ext", body), &[]);
+    let sb = b.run_ok(&b.pipeline("ext", body), &[]);
+    for n in ["ext", "ext2", "plain"] {
+        assert_eq!(sa["keys"][n], sb["keys"][n], "{n}");
+    }
+    assert_ne!(sb["keys"]["ext"], sb["keys"]["plain"], "the overridden param enters the key");
+    // Unknown parent; a cycle.
+    b.write("stages/orphan.toml", "extends = \"no_such_kind\"\n");
+    b.write("stages/loop_a.toml", "extends = \"loop_b\"\n");
+    b.write("stages/loop_b.toml", "extends = \"loop_a\"\n");
+    for (kind, want) in [("orphan", "no_such_kind"), ("loop_a", "`extends` makes a cycle: loop_a -> loop_b -> loop_a")] {
+        let pl = b.pipeline(kind, &format!("[[stage]]\nname = \"x\"\nuses = \"{kind}\"\n"));
+        let out = b.run(&["pipeline", "run", pl.to_str().unwrap()]);
+        let err = common::text(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{kind}: {err}");
+    }
+}

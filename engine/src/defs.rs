@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{EngineError, IoContext, Result};
 
+/// A file may also say `extends = "KIND"`: it starts from that kind's file and states only what
+/// differs (merged before this struct is read, in `plan`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageKindFile {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use petgraph::algo::{tarjan_scc, toposort};
 use petgraph::graph::{DiGraph, NodeIndex};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::defs::{
@@ -239,6 +240,9 @@ fn coerce(
     }
 }
 
+/// The tables of a stage file that `extends` merges entry by entry.
+const MERGED_TABLES: &[&str] = &["inputs", "input_groups", "outputs", "params", "resources"];
+
 /// Load every stage kind file referenced by a pipeline.
 struct KindLoader<'a> {
     dirs: Vec<PathBuf>,
@@ -251,43 +255,75 @@ impl KindLoader<'_> {
         if let Some(k) = self.cache.get(kind) {
             return Ok(k.clone());
         }
-        let Some(file) = self
-            .dirs
-            .iter()
-            .map(|d| d.join(format!("{kind}.toml")))
-            .find(|p| p.is_file())
-        else {
-            let mut known: Vec<String> = self
-                .dirs
-                .iter()
-                .filter_map(|d| std::fs::read_dir(d).ok())
-                .flatten()
-                .flatten()
-                .filter_map(|e| {
-                    e.path()
-                        .file_stem()
-                        .map(|s| s.to_string_lossy().to_string())
-                })
-                .collect();
-            known.sort();
-            known.dedup();
-            return Err(EngineError::UnknownKind {
-                path: pipeline_file.to_path_buf(),
-                stage: stage.to_string(),
-                kind: kind.to_string(),
-                searched: self
-                    .dirs
-                    .iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                known: known.join(", "),
-            });
+        let file = self.find(pipeline_file, stage, kind)?;
+        let def: StageKindFile = match self.with_parents(&file, &mut vec![kind.to_string()])? {
+            None => parse_toml_file(&file)?,
+            Some(merged) => StageKindFile::deserialize(toml::Value::Table(merged))
+                .map_err(|e| EngineError::Parse { path: file.clone(), message: format!("{} (after applying `extends`)", e.message().trim()) })?,
         };
-        let def: StageKindFile = parse_toml_file(&file)?;
         let k = Arc::new(self.build(&file, kind, def)?);
         self.cache.insert(kind.to_string(), k.clone());
         Ok(k)
+    }
+
+    /// The file of stage kind `kind`, or an error naming where it was looked for and what exists.
+    fn find(&self, from: &Path, stage: &str, kind: &str) -> Result<PathBuf> {
+        if let Some(file) = self.dirs.iter().map(|d| d.join(format!("{kind}.toml"))).find(|p| p.is_file()) {
+            return Ok(file);
+        }
+        let mut known: Vec<String> = self
+            .dirs
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.path().file_stem().map(|s| s.to_string_lossy().to_string()))
+            .collect();
+        known.sort();
+        known.dedup();
+        Err(EngineError::UnknownKind {
+            path: from.to_path_buf(),
+            stage: stage.to_string(),
+            kind: kind.to_string(),
+            searched: self.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+            known: known.join(", "),
+        })
+    }
+
+    /// A stage file with `extends = "KIND"`: that kind's file (itself perhaps extending another)
+    /// with this one laid over it: the tables `inputs`, `input_groups`, `outputs`, `params` and
+    /// `resources` entry by entry, everything else replaced. `None` for a file without `extends`.
+    fn with_parents(&self, file: &Path, seen: &mut Vec<String>) -> Result<Option<toml::Table>> {
+        let mut table: toml::Table = parse_toml_file(file)?;
+        let Some(parent) = table.remove("extends") else {
+            return Ok(None);
+        };
+        let perr = |message: String| EngineError::Parse { path: file.to_path_buf(), message };
+        let parent = parent.as_str().ok_or_else(|| perr("`extends` must be the name of a stage kind".into()))?.to_string();
+        if seen.contains(&parent) {
+            seen.push(parent);
+            return Err(perr(format!("`extends` makes a cycle: {}", seen.join(" -> "))));
+        }
+        seen.push(parent.clone());
+        let parent_file = self.find(file, &parent, &parent)?;
+        let mut base = match self.with_parents(&parent_file, seen)? {
+            Some(t) => t,
+            None => parse_toml_file(&parent_file)?,
+        };
+        // A script is relative to the file that names it.
+        if let Some(toml::Value::String(script)) = base.get("script") {
+            let abs = parent_file.parent().unwrap_or(Path::new(".")).join(script);
+            base.insert("script".into(), toml::Value::String(abs.display().to_string()));
+        }
+        for (k, v) in table {
+            match (base.get_mut(&k), v) {
+                (Some(toml::Value::Table(b)), toml::Value::Table(over)) if MERGED_TABLES.contains(&k.as_str()) => b.extend(over),
+                (_, v) => {
+                    base.insert(k, v);
+                }
+            }
+        }
+        Ok(Some(base))
     }
 
     fn build(&self, file: &Path, kind: &str, def: StageKindFile) -> Result<StageKind> {
