@@ -42,6 +42,13 @@ pub struct StageContext {
 }
 
 impl StageContext {
+    /// Every param at once, as the stage's params struct (serde: names, types and docs in one
+    /// place; `#[serde(deny_unknown_fields)]` makes a param the stage file declares but the code
+    /// does not read an error too). Errors name the stage and the param.
+    pub fn params<P: DeserializeOwned>(&self) -> anyhow::Result<P> {
+        parse_params(&self.instance, &self.params)
+    }
+
     pub fn param<T: DeserializeOwned>(&self, name: &str) -> anyhow::Result<T> {
         let v = self
             .params
@@ -188,8 +195,41 @@ pub fn parse_progress(line: &str) -> Option<(u64, u64, String)> {
     Some((pos, len, it.next().unwrap_or("").to_string()))
 }
 
+/// `params` as a `P`, errors naming `stage` and the param (`StageContext::params`).
+pub fn parse_params<P: DeserializeOwned>(stage: &str, params: &Map<String, Value>) -> anyhow::Result<P> {
+    let v = Value::Object(params.clone());
+    serde_path_to_error::deserialize(&v).map_err(|e| {
+        let at = e.path().to_string();
+        if at == "." {
+            anyhow!("stage `{stage}`: params: {}", e.inner())
+        } else {
+            anyhow!("stage `{stage}`: param `{at}` = {}: {}", v.pointer(&format!("/{}", at.replace('.', "/"))).unwrap_or(&Value::Null), e.inner())
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct P {
+        lr: f64,
+        steps: usize,
+    }
+
+    #[test]
+    fn params_errors_name_the_stage_and_the_param() {
+        let parse = |v: serde_json::Value| super::parse_params::<P>("train.update[3]", v.as_object().unwrap()).map_err(|e| e.to_string());
+        assert_eq!(parse(serde_json::json!({"lr": 1e-4, "steps": 3})).unwrap().steps, 3);
+        let e = parse(serde_json::json!({"lr": "fast", "steps": 3})).unwrap_err();
+        assert!(e.contains("stage `train.update[3]`: param `lr` = \"fast\"") && e.contains("expected f64"), "{e}");
+        let e = parse(serde_json::json!({"lr": 1e-4, "steps": 3, "lr_typo": 1})).unwrap_err();
+        assert!(e.contains("stage `train.update[3]`") && e.contains("unknown field `lr_typo`"), "{e}");
+        let e = parse(serde_json::json!({"lr": 1e-4})).unwrap_err();
+        assert!(e.contains("missing field `steps`"), "{e}");
+    }
+
     #[test]
     fn progress_lines_parse() {
         assert_eq!(

@@ -432,6 +432,13 @@ struct Pending {
     carry: BTreeMap<String, String>,
 }
 
+/// One stage kind from the files in `dirs` (its `extends` applied), without a pipeline.
+pub fn load_stage_kind(dirs: &[PathBuf], kind: &str, catalog: &Catalog) -> Result<Arc<StageKind>> {
+    let mut loader = KindLoader { dirs: dirs.to_vec(), catalog, cache: HashMap::new() };
+    let from = dirs.first().cloned().unwrap_or_default();
+    loader.load(&from, kind, kind)
+}
+
 pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan> {
     let pf: PipelineFile = parse_toml_file(file)?;
     let pdir = file.parent().map(Path::to_path_buf).unwrap_or_default();

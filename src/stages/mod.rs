@@ -74,3 +74,28 @@ pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: light_b
 
 /// The binary that runs the stages tagged `Worker` (it links libtorch; `rredcot` does not).
 pub const WORKER: &str = "rredcot-worker";
+
+/// The `[params]` of a shipped stage file (`stages/KIND.toml`, its `extends` applied):
+/// tests check that a stage's params struct reads them, so file and code cannot drift apart.
+#[cfg(test)]
+pub(crate) fn shipped_defaults(kind: &str) -> serde_json::Map<String, serde_json::Value> {
+    let stages = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("stages");
+    let k = crate::engine::plan::load_stage_kind(&[stages], kind, &CATALOG).unwrap_or_else(|e| panic!("{kind}: {e}"));
+    k.defaults.clone()
+}
+
+#[cfg(test)]
+mod params_tests {
+    use crate::engine::context::parse_params;
+
+    #[test]
+    fn the_shipped_stage_files_params_are_what_the_params_structs_read() {
+        parse_params::<super::taskgen::TaskgenParams>("taskgen", &super::shipped_defaults("taskgen")).unwrap();
+        parse_params::<super::segment::SegmentParams>("segment", &super::shipped_defaults("segment")).unwrap();
+        // A param the code would not read is an error naming it.
+        let mut extra = super::shipped_defaults("segment");
+        extra.insert("max_segmnts".into(), 3.into());
+        let e = parse_params::<super::segment::SegmentParams>("segment", &extra).unwrap_err().to_string();
+        assert!(e.contains("unknown field `max_segmnts`"), "{e}");
+    }
+}

@@ -34,20 +34,25 @@ pub fn token_texts(tok: &tokenizers::Tokenizer, ids: &[i32]) -> Result<Vec<Strin
         .collect()
 }
 
+/// Params of `segment` (defaults and their docs: `stages/segment.toml`).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentParams {
+    method: Method,
+    max_segments: usize,
+    keywords: Vec<String>,
+    homogenize: bool,
+    on_empty: OnEmpty,
+    on_unclosed: OnUnclosed,
+}
+
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    let method: Method = ctx.param("method")?;
-    let max_segments: usize = ctx.param("max_segments")?;
-    if max_segments == 0 {
+    let p: SegmentParams = ctx.params()?;
+    if p.max_segments == 0 {
         bail!("stage `{}`: max_segments must be at least 1", ctx.instance);
     }
-    let params = Params {
-        method,
-        keywords: ctx.param("keywords")?,
-        max_segments,
-        homogenize: ctx.param("homogenize")?,
-    };
-    let on_empty: OnEmpty = ctx.param("on_empty")?;
-    let on_unclosed: OnUnclosed = ctx.param("on_unclosed")?;
+    let params = Params { method: p.method, keywords: p.keywords, max_segments: p.max_segments, homogenize: p.homogenize };
+    let (method, on_empty, on_unclosed) = (p.method, p.on_empty, p.on_unclosed);
     let tok = super::tokenizer_train::load(ctx.input("tokenizer")?)?;
     let path = ctx.input("rollouts")?.to_path_buf();
     let rollouts: Vec<RolloutRow> = read_rows(&path, Schema::Rollouts)?;

@@ -349,19 +349,33 @@ fn rows(problems: &[Problem], split: &str, seed: u64) -> Vec<PromptRow> {
         .collect()
 }
 
+/// Params of `taskgen` (defaults and their docs: `stages/taskgen.toml`).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskgenParams {
+    pub seed: u64,
+    pub n_train: usize,
+    pub n_eval: usize,
+    pub min_steps: usize,
+    pub max_steps: usize,
+    pub max_operand: u64,
+    pub max_value: u64,
+    pub distractors: usize,
+    pub word_fraction: f64,
+}
+
 /// Stage `taskgen`: outputs `train` and `eval` (schema `prompts`).
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
-    let seed: u64 = ctx.param("seed")?;
-    let n_train: usize = ctx.param("n_train")?;
-    let n_eval: usize = ctx.param("n_eval")?;
+    let p: TaskgenParams = ctx.params()?;
+    let (seed, n_train, n_eval) = (p.seed, p.n_train, p.n_eval);
     ensure!(n_train > 0 && n_eval > 0, "taskgen: n_train and n_eval must be > 0 (an empty split is not an artifact), got {n_train} and {n_eval}");
     let k = Knobs {
-        min_steps: ctx.param("min_steps")?,
-        max_steps: ctx.param("max_steps")?,
-        max_operand: ctx.param("max_operand")?,
-        max_value: ctx.param("max_value")?,
-        distractors: ctx.param("distractors")?,
-        word_fraction: ctx.param("word_fraction")?,
+        min_steps: p.min_steps,
+        max_steps: p.max_steps,
+        max_operand: p.max_operand,
+        max_value: p.max_value,
+        distractors: p.distractors,
+        word_fraction: p.word_fraction,
     };
     let t0 = Instant::now();
     let (train, eval) = splits(seed, &k, n_train, n_eval)?;
