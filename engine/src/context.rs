@@ -65,7 +65,7 @@ impl StageContext {
             .ok_or_else(|| anyhow!("stage `{}`: no input `{name}`", self.instance))
     }
 
-    /// The content hash of input `name` (e.g. the policy checkpoint a rollout was sampled from).
+    /// The content hash of input `name`.
     pub fn input_hash(&self, name: &str) -> anyhow::Result<&str> {
         self.input_hashes
             .get(name)

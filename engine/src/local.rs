@@ -1,4 +1,4 @@
-//! Local executor: each instance is a child process `rredcot stage exec KEY` (or the ML worker),
+//! Local executor: each instance is a child process `<program> stage exec KEY` (this binary or its worker, see `programs`),
 //! so a crash, an OOM or Ctrl-C in one stage never corrupts the runner or the store.
 //!
 //! Each child runs in a process group of its own (see [`super::group`]): cancelling or timing out

@@ -1,5 +1,5 @@
 //! Slurm executor: every launched instance becomes a batch job running
-//! `<rredcot|rredcot-worker> stage exec --store <store> KEY` on a cluster node.
+//! `<program> stage exec --store <store> KEY` on a cluster node (this binary or its worker).
 //!
 //! The store must be on a filesystem shared by the submit host and the nodes. The runner submits
 //! an instance only when its inputs are committed, so no `--dependency` chains are needed; ready
