@@ -11,12 +11,13 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{EngineError, IoContext, Result};
 
-/// A file may also say `extends = "KIND"`: it starts from that kind's file and states only what
-/// differs (merged before this struct is read, in `plan`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageKindFile {
     pub name: Option<String>,
+    /// Start from that stage kind's file and state only what differs (merged in `plan`; the
+    /// merged file has none).
+    pub extends: Option<String>,
     #[serde(default)]
     pub description: String,
     /// Name of a builtin Rust stage function.

@@ -256,11 +256,14 @@ impl KindLoader<'_> {
             return Ok(k.clone());
         }
         let file = self.find(pipeline_file, stage, kind)?;
-        let def: StageKindFile = match self.with_parents(&file, &mut vec![kind.to_string()])? {
-            None => parse_toml_file(&file)?,
-            Some(merged) => StageKindFile::deserialize(toml::Value::Table(merged))
-                .map_err(|e| EngineError::Parse { path: file.clone(), message: format!("{} (after applying `extends`)", e.message().trim()) })?,
-        };
+        // Parsed once, with line-and-column errors; a file that extends another is read again as
+        // a table to lay over its parents.
+        let mut def: StageKindFile = parse_toml_file(&file)?;
+        if def.extends.is_some() {
+            let merged = self.with_parents(&file, &mut vec![kind.to_string()])?;
+            def = StageKindFile::deserialize(toml::Value::Table(merged))
+                .map_err(|e| EngineError::Parse { path: file.clone(), message: format!("{} (after applying `extends`)", e.message().trim()) })?;
+        }
         let k = Arc::new(self.build(&file, kind, def)?);
         self.cache.insert(kind.to_string(), k.clone());
         Ok(k)
@@ -292,11 +295,11 @@ impl KindLoader<'_> {
 
     /// A stage file with `extends = "KIND"`: that kind's file (itself perhaps extending another)
     /// with this one laid over it: the tables `inputs`, `input_groups`, `outputs`, `params` and
-    /// `resources` entry by entry, everything else replaced. `None` for a file without `extends`.
-    fn with_parents(&self, file: &Path, seen: &mut Vec<String>) -> Result<Option<toml::Table>> {
+    /// `resources` entry by entry, everything else replaced. A file without `extends` as it is.
+    fn with_parents(&self, file: &Path, seen: &mut Vec<String>) -> Result<toml::Table> {
         let mut table: toml::Table = parse_toml_file(file)?;
         let Some(parent) = table.remove("extends") else {
-            return Ok(None);
+            return Ok(table);
         };
         let perr = |message: String| EngineError::Parse { path: file.to_path_buf(), message };
         let parent = parent.as_str().ok_or_else(|| perr("`extends` must be the name of a stage kind".into()))?.to_string();
@@ -306,10 +309,7 @@ impl KindLoader<'_> {
         }
         seen.push(parent.clone());
         let parent_file = self.find(file, &parent, &parent)?;
-        let mut base = match self.with_parents(&parent_file, seen)? {
-            Some(t) => t,
-            None => parse_toml_file(&parent_file)?,
-        };
+        let mut base = self.with_parents(&parent_file, seen)?;
         // A script is relative to the file that names it.
         if let Some(toml::Value::String(script)) = base.get("script") {
             let abs = parent_file.parent().unwrap_or(Path::new(".")).join(script);
@@ -323,7 +323,7 @@ impl KindLoader<'_> {
                 }
             }
         }
-        Ok(Some(base))
+        Ok(base)
     }
 
     fn build(&self, file: &Path, kind: &str, def: StageKindFile) -> Result<StageKind> {
