@@ -1,10 +1,16 @@
 //! Our half of bench/gpu.sh (issue 17): decode tokens/s of a DeepSeek-R1-Distill-Qwen-1.5B-shaped
 //! model (Qwen2, hidden 1536, 28 layers, 12 q / 2 kv heads, vocab 151936, random weights) on CUDA
-//! in bfloat16, 64-token prompt, 128 new tokens sampled at T = 1, batch 1, 64 and 256; and σ
+//! in bfloat16, 64-token prompt, 128 new tokens sampled at T = 1, batch 1, 64 and 256 (also
+//! greedy in bf16 and sampled in f32, what `device = auto`'s dtype rests on); and σ
 //! (40 cuts of a 1,000-token trace) scored in bf16 against f32. Saves the model as a Hugging Face
 //! checkpoint so transformers (bench/gpu_transformers.py) decodes the same weights.
 //!
 //! usage: bench_gpu OUT_DIR  (writes OUT_DIR/ours.json and OUT_DIR/model/)
+//!        bench_gpu train DTYPE CHECKPOINTING BATCH LEN
+//!   One update's forward + backward + AdamW step of the same model on BATCH random sequences of
+//!   LEN tokens (DTYPE f32 or bf16 = mixed precision with f32 master weights; CHECKPOINTING
+//!   true/false), twice; prints the seconds of each step as JSON. bench/gpu.sh runs it in its own
+//!   process per setting and reads the peak GPU memory beside it.
 
 use std::path::Path;
 use std::time::Instant;
@@ -12,12 +18,63 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rredcot::credit::sigma;
 use rredcot_ml::model::{self, DecoderLm, ModelConfig, SamplingParams};
-use tch::{Device, Kind};
+use rredcot_ml::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
+use rredcot_ml::train::step::{TrainDtype, TrainModel};
+use tch::{Device, Kind, Tensor};
+
+/// The 1.5B shape: hidden 1536, 28 layers, 12 q / 2 kv heads, vocab 151936.
+fn table2_config() -> anyhow::Result<ModelConfig> {
+    let json = serde_json::json!({
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "tie_word_embeddings": false, "bos_token_id": 151643, "eos_token_id": 151643,
+    });
+    Ok(ModelConfig::from_json_str(&json.to_string(), Path::new("<bench_gpu>"))?)
+}
+
+/// `bench_gpu train DTYPE CHECKPOINTING BATCH LEN`: seconds of two optimizer steps.
+fn train(args: &[String]) -> anyhow::Result<()> {
+    let [dtype, ckpt, batch, len] = args else {
+        anyhow::bail!("usage: bench_gpu train DTYPE CHECKPOINTING BATCH LEN")
+    };
+    let dtype: TrainDtype = serde_json::from_value(serde_json::Value::String(dtype.clone()))?;
+    let (batch, len): (i64, i64) = (batch.parse()?, len.parse()?);
+    let dev = Device::Cuda(0);
+    let cfg = table2_config()?;
+    tch::manual_seed(0);
+    let model = TrainModel::new(DecoderLm::new(&cfg, dev), dtype, ckpt.parse()?);
+    let ids = Tensor::randint(cfg.vocab_size, [batch, len], (Kind::Int64, dev));
+    let mut opt = AdamW::new(AdamWConfig { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.0 });
+    let mut seconds = Vec::new();
+    for _ in 0..2 {
+        tch::Cuda::synchronize(0);
+        let t = Instant::now();
+        model.zero_grad();
+        let loss = model.backward(&ids, 1.0, |logp| {
+            let l = -logp.mean(Kind::Float);
+            let v = l.double_value(&[]);
+            Ok((l, v))
+        })?;
+        let norm = grad_norm(model.params()).map_err(|name| anyhow::anyhow!("gradient of {name} is not finite"))?;
+        clip_grads(model.params(), norm, 1.0);
+        opt.step(model.params(), 1e-6)?;
+        model.weights_changed();
+        tch::Cuda::synchronize(0);
+        seconds.push(t.elapsed().as_secs_f64());
+        eprintln!("train {dtype:?} checkpointing={ckpt} {batch}x{len}: loss {loss:.4}, {:.2} s", t.elapsed().as_secs_f64());
+    }
+    println!("{}", serde_json::json!({ "step_seconds": seconds }));
+    Ok(())
+}
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("train") {
+        return train(&args[2..]);
+    }
     let [_, out] = args.as_slice() else {
-        anyhow::bail!("usage: bench_gpu OUT_DIR")
+        anyhow::bail!("usage: bench_gpu OUT_DIR | bench_gpu train DTYPE CHECKPOINTING BATCH LEN")
     };
     let out = Path::new(out);
     anyhow::ensure!(
@@ -25,13 +82,7 @@ fn main() -> anyhow::Result<()> {
         "bench_gpu: libtorch sees no CUDA device"
     );
     let dev = Device::Cuda(0);
-    let json = serde_json::json!({
-        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
-        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "tie_word_embeddings": false, "bos_token_id": 151643, "eos_token_id": 151643,
-    });
-    let cfg = ModelConfig::from_json_str(&json.to_string(), Path::new("<bench_gpu>"))?;
+    let cfg = table2_config()?;
     tch::manual_seed(0);
     let mut m = DecoderLm::new(&cfg, dev);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
@@ -77,34 +128,44 @@ fn main() -> anyhow::Result<()> {
         "score_logprob_bf16_vs_f32_max_abs".into(),
         logprob_diff.into(),
     );
-    let p = SamplingParams {
-        temperature: 1.0,
-        max_new_tokens: 128,
-        ..Default::default()
-    };
-    for b in [1usize, 64, 256] {
+    // Tokens/s of one decode of `b` copies of the prompt, after a 4-token warm-up.
+    let decode = |m: &DecoderLm, b: usize, temperature: f64| -> anyhow::Result<f64> {
         let prompts = vec![prompt.clone(); b];
         let seeds: Vec<u64> = (0..b as u64).collect();
-        tch::no_grad(|| {
-            model::generate(
-                &m,
-                None,
-                &prompts,
-                &seeds,
-                &SamplingParams {
-                    max_new_tokens: 4,
-                    ..p.clone()
-                },
-            )
-        })?;
+        let p = SamplingParams {
+            temperature,
+            max_new_tokens: 128,
+            ..Default::default()
+        };
+        let warm = SamplingParams {
+            max_new_tokens: 4,
+            ..p.clone()
+        };
+        tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &warm))?;
         tch::Cuda::synchronize(0);
         let t = Instant::now();
-        let g = tch::no_grad(|| model::generate(&m, None, &prompts, &seeds, &p))?;
+        let g = tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &p))?;
         tch::Cuda::synchronize(0);
         let n: usize = g.iter().map(|x| x.tokens.len()).sum();
-        let rate = n as f64 / t.elapsed().as_secs_f64();
-        eprintln!("ours b{b}: {rate:.0} tok/s");
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    };
+    // bf16 sampled at T = 1 is the headline (transformers' side of the table); greedy bf16 and
+    // f32 sampled are what `device = auto`'s dtype choice rests on.
+    for b in [1usize, 64, 256] {
+        let rate = decode(&m, b, 1.0)?;
+        eprintln!("ours bf16 sampled b{b}: {rate:.0} tok/s");
         res.insert(format!("decode_tok_s_b{b}"), rate.into());
+    }
+    for b in [1usize, 256] {
+        let rate = decode(&m, b, 0.0)?;
+        eprintln!("ours bf16 greedy b{b}: {rate:.0} tok/s");
+        res.insert(format!("decode_greedy_tok_s_b{b}"), rate.into());
+    }
+    m.set_kind(Kind::Float);
+    for b in [1usize, 64, 256] {
+        let rate = decode(&m, b, 1.0)?;
+        eprintln!("ours f32 sampled b{b}: {rate:.0} tok/s");
+        res.insert(format!("decode_f32_tok_s_b{b}"), rate.into());
     }
     std::fs::write(out.join("ours.json"), serde_json::to_string_pretty(&res)?)?;
     std::fs::write(out.join("prompt.json"), serde_json::to_string(&prompt)?)?;

@@ -157,7 +157,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let opts = super::load_options(ctx)?;
     let device = opts.device()?;
     if opts.kind(device) != Kind::Float {
-        bail!("bootstrap_sft: dtype must be f32 (or auto on the CPU): the model trains in float32");
+        bail!("bootstrap_sft: dtype must be f32 or auto: the model trains in float32");
     }
 
     let tok_dir = ctx.input("tokenizer")?.to_path_buf();

@@ -65,9 +65,18 @@ fn load_options(ctx: &StageContext) -> Result<LoadOptions> {
 /// Loads the checkpoint wired to input `name` with the stage's `device`/`dtype` params; it must
 /// carry its tokenizer.
 fn load_policy(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)> {
-    let opts = load_options(ctx)?;
+    load_checkpoint(ctx, name, &load_options(ctx)?)
+}
+
+/// [`load_policy`] in float32 whatever the stage's `dtype` (a training stage keeps float32
+/// master weights; its `dtype` sets the compute precision, [`crate::train::step`]).
+fn load_policy_f32(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)> {
+    load_checkpoint(ctx, name, &LoadOptions { dtype: model::DtypeChoice::F32, ..load_options(ctx)? })
+}
+
+fn load_checkpoint(ctx: &StageContext, name: &str, opts: &LoadOptions) -> Result<(DecoderLm, Tokenizer)> {
     let path = ctx.input(name)?;
-    let loaded = model::load(path, &opts).with_context(|| format!("loading input `{name}` ({})", path.display()))?;
+    let loaded = model::load(path, opts).with_context(|| format!("loading input `{name}` ({})", path.display()))?;
     let tok = loaded
         .tokenizer
         .with_context(|| format!("input `{name}` ({}): no tokenizer.json in the checkpoint", path.display()))?;

@@ -29,11 +29,12 @@ use rredcot::engine::StageContext;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use super::{encode_prompt, load_policy, set_threads};
-use crate::model::{self, DecoderLm, DeviceChoice, LoadOptions};
+use super::{encode_prompt, load_policy_f32, set_threads};
+use crate::model::{self, DeviceChoice, LoadOptions};
 use crate::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
 use crate::train::loss::{check_credit_with_is, dapo_tokens_per_step, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
 use crate::train::lr_at;
+use crate::train::step::{token_logprobs, TrainModel};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -105,13 +106,6 @@ fn micro_tensors(seqs: &[&Sequence], device: Device) -> (Tensor, Tensor, Tensor,
         Tensor::from_slice(&credit).view([b, len as i64 - 1]).to_device(device),
         Tensor::from_slice(&adv).view([b, len as i64 - 1]).to_device(device),
     )
-}
-
-/// Log-probabilities of `ids[:, 1:]` under the model (logits / temperature), `[B, L-1]`.
-fn token_logprobs(model: &DecoderLm, ids: &Tensor, temperature: f64) -> Result<Tensor> {
-    let len = ids.size()[1];
-    let logits = model.forward(&ids.narrow(1, 0, len - 1), None, None)?.to_kind(Kind::Float) / temperature;
-    Ok(logits.log_softmax(-1, Kind::Float).gather(-1, &ids.narrow(1, 1, len - 1).unsqueeze(-1), false).squeeze_dim(-1))
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
@@ -189,10 +183,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     } else {
         HashMap::new()
     };
-    let (mut model, tok) = load_policy(ctx, "policy")?;
-    if model.kind() != Kind::Float {
-        model.set_kind(Kind::Float);
-    }
+    // Float32 master weights whatever `dtype` says (it sets the compute precision).
+    let (model, tok) = load_policy_f32(ctx, "policy")?;
     let device = model.device();
     let context = model.cfg.max_position_embeddings as usize;
     let by_id: HashMap<&str, &PromptRow> = prompts.iter().map(|p| (p.id.as_str(), p)).collect();
@@ -301,11 +293,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let steps_per_update = inner_epochs * minibatches.len();
     // dapo's normalizer as in TRL: the batch's completion tokens over its optimizer steps per epoch.
     let dapo_tokens = dapo_tokens_per_step(seqs.iter().map(|s| s.completion_len()).sum(), minibatches.len());
-    let params: Vec<(String, Tensor)> = {
-        let mut v: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
-    };
+    let train = TrainModel::new(model, ctx.param("dtype")?, ctx.param("gradient_checkpointing")?);
+    let params = train.params();
     let opt_dir = ctx.input("optimizer")?.to_path_buf();
     let mut opt = AdamW::load_or_new(&opt_dir, adam, device)?;
 
@@ -322,7 +311,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         for idx in micro_batches(mb) {
             let picked: Vec<&Sequence> = idx.iter().map(|&i| &mb[i]).collect();
             let (ids, _, _, _) = micro_tensors(&picked, device);
-            olds.push(if needs_old { tch::no_grad(|| token_logprobs(&model, &ids, temperature))? } else { Tensor::new() });
+            olds.push(if needs_old { tch::no_grad(|| train.token_logprobs(&ids, temperature))? } else { Tensor::new() });
             refs.push(match &reference {
                 Some(r) => Some(tch::no_grad(|| token_logprobs(r, &ids, temperature))?),
                 None => None,
@@ -342,38 +331,35 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             let parts_idx = micro_batches(mb);
             let lens: Vec<Vec<usize>> = parts_idx.iter().map(|idx| idx.iter().map(|&i| mb[i].completion_len()).collect()).collect();
             let factors = sequence_factors(loss_cfg.loss_type, &lens, max_completion, Some(dapo_tokens));
-            for (_, p) in &params {
-                let mut g = p.grad();
-                if g.defined() {
-                    let _ = g.zero_();
-                }
-            }
+            train.zero_grad();
             let (mut loss_sum, mut kl_sum, mut clip_sum, mut tokens) = (0.0, 0.0, 0.0, 0i64);
             for (k, idx) in parts_idx.iter().enumerate() {
                 let picked: Vec<&Sequence> = idx.iter().map(|&i| &mb[i]).collect();
                 let (ids, mask, credit, adv_t) = micro_tensors(&picked, device);
-                let logp = token_logprobs(&model, &ids, temperature)?;
-                let old = if needs_old { old_logps[mbi][k].shallow_clone() } else { logp.detach() };
                 let f_t = Tensor::from_slice(&factors[k].iter().map(|&f| f as f32).collect::<Vec<_>>()).to_device(device);
-                let parts = policy_loss(&loss_cfg, &logp, &old, ref_logps[mbi][k].as_ref(), &adv_t, &credit, &f_t, &mask);
-                let l = parts.loss.double_value(&[]);
-                if !l.is_finite() {
-                    bail!(
-                        "update step {train_step}: loss is {l} in optimizer step {opt_step}, micro-batch {k} (lr {step_lr:.3e}); nothing was saved"
-                    );
-                }
-                parts.loss.backward();
+                let (l, kl, clip_fraction) = train.backward(&ids, temperature, |logp| {
+                    let old = if needs_old { old_logps[mbi][k].shallow_clone() } else { logp.detach() };
+                    let parts = policy_loss(&loss_cfg, logp, &old, ref_logps[mbi][k].as_ref(), &adv_t, &credit, &f_t, &mask);
+                    let l = parts.loss.double_value(&[]);
+                    if !l.is_finite() {
+                        bail!(
+                            "update step {train_step}: loss is {l} in optimizer step {opt_step}, micro-batch {k} (lr {step_lr:.3e}); nothing was saved"
+                        );
+                    }
+                    Ok((parts.loss, (l, parts.kl, parts.clip_fraction)))
+                })?;
                 let n_tok = mask.sum(Kind::Float).double_value(&[]);
                 loss_sum += l;
-                kl_sum += parts.kl * n_tok;
-                clip_sum += parts.clip_fraction * n_tok;
+                kl_sum += kl * n_tok;
+                clip_sum += clip_fraction * n_tok;
                 tokens += n_tok as i64;
             }
-            let norm = grad_norm(&params).map_err(|name| {
+            let norm = grad_norm(params).map_err(|name| {
                 anyhow::anyhow!("update step {train_step}: gradient of `{name}` is not finite in optimizer step {opt_step} (lr {step_lr:.3e}); nothing was saved")
             })?;
-            clip_grads(&params, norm, clip);
-            opt.step(&params, step_lr)?;
+            clip_grads(params, norm, clip);
+            opt.step(params, step_lr)?;
+            train.weights_changed();
             let sig: Vec<f64> = mb.iter().filter_map(|s| s.sigma_entropy).collect();
             metrics.push(MetricsRow {
                 train_step: train_step as i64,
@@ -406,7 +392,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
 
     let out = ctx.output("policy")?.to_path_buf();
     std::fs::create_dir_all(&out)?;
-    model::save(&model, Some(&tok), &out)?;
+    model::save(train.master(), Some(&tok), &out)?;
     opt.save(ctx.output("optimizer")?)?;
     write_rows(ctx.output("metrics")?, Schema::Table, &metrics)?;
     Ok(())

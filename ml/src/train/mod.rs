@@ -1,8 +1,10 @@
 //! What the policy update needs beyond the model: the clipped policy-gradient loss with per-token
-//! credit ([`loss`]), a resumable AdamW ([`adamw`]) and the learning-rate schedule.
+//! credit ([`loss`]), a resumable AdamW ([`adamw`]), the precision and checkpointing of the
+//! forward and backward ([`step`]) and the learning-rate schedule.
 
 pub mod adamw;
 pub mod loss;
+pub mod step;
 
 /// Learning rate at optimizer step `step` (0-based) of `steps`: linear warmup, then cosine from
 /// `lr` to `lr * min_ratio`.

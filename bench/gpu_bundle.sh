@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Packs what `make test-gpu`'s CUDA test and bench/gpu.sh run, for a GPU host without a Rust
+# toolchain: ../shared/gpu/build-bundle.sh (the binaries + the named integration tests, against
+# the host's libtorch), plus the bench_gpu example, which that script does not pack.
+#
+# usage: bash bench/gpu_bundle.sh [TEST_NAME...]   (default: gpu)
+# then on the host, from the project root with .gpu-bundle/ carried:
+#   bash .gpu-bundle/run.sh target-gpu/release/deps/gpu-<hash> --test-threads=1 --nocapture
+#   bash bench/gpu.sh
+set -euo pipefail
+root=$(git rev-parse --show-toplevel); cd "$root"
+shared=$(cd "$root/../shared/gpu" && pwd)
+bash "$shared/build-bundle.sh" "${@:-gpu}"
+
+# The same toolchain settings as build-bundle.sh, for the example.
+V=${TORCH_VERSION:-2.11.0}
+target=${GPU_TARGET_DIR:-$root/target-gpu}
+cache=${GPU_CACHE:-$HOME/.cache/rredcot-gpu}/torch-$V
+tsv=$(grep -A1 '^name = "torch-sys"' Cargo.lock | sed -n 's/^version = "\(.*\)"/\1/p')
+export LIBTORCH=$cache/torch LIBTORCH_BYPASS_VERSION_CHECK=1 LIBTORCH_CXX11_ABI=1
+unset LIBTORCH_USE_PYTORCH
+export CARGO_TARGET_DIR=$target RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
+cp Cargo.lock "$cache/Cargo.lock.example"; trap 'cp "$cache/Cargo.lock.example" "$root/Cargo.lock"' EXIT
+cargo build --release --config "patch.crates-io.torch-sys.path=\"$cache/torch-sys-$tsv\"" \
+  -p rredcot-ml --example bench_gpu
+example=${target#$root/}/release/examples/bench_gpu
+strip "$example"
+files=$(tar tJf .gpu-bundle/bin.tar.xz)
+# shellcheck disable=SC2086 # the packed paths have no spaces
+tar cJf .gpu-bundle/bin.tar.xz $files "$example"
+# Test binaries name the worker and the repository by this path (CARGO_BIN_EXE_*, CARGO_MANIFEST_DIR).
+echo "$root" > .gpu-bundle/root
+echo "bundle with bench_gpu: $(du -sh .gpu-bundle | cut -f1)"
