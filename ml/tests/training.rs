@@ -152,6 +152,20 @@ fn killed_runs_resume_to_the_uninterrupted_checkpoints_and_load_in_transformers(
         .sum();
     assert!(moved > 0, "every group had equal rewards: the test would not exercise training");
 
+    // Activation checkpointing (layers recomputed, LM head in pieces) trains the same first step.
+    let mut c = worker(&a, &p, &["grpo.update.gradient_checkpointing=true", "rredcot.update.gradient_checkpointing=true"]);
+    let out = c.args(["--until", "grpo.update[0]", "--until", "rredcot.update[0]"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ckpt: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for stage in ["grpo.update[0]", "rredcot.update[0]"] {
+        let (plain, with) = (record(&a, &full, stage), record(&a, &ckpt, stage));
+        assert_ne!(plain["key"], with["key"], "{stage}: the checkpointed step ran");
+        for m in ["loss", "grad_norm"] {
+            let (x, y) = (plain["metrics"][m].as_f64().unwrap(), with["metrics"][m].as_f64().unwrap());
+            assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{stage} {m}: {x} plain vs {y} checkpointed");
+        }
+    }
+
     // Killed between steps, then mid-step (rollout and segments of step 1 done, σ not), resumed.
     let b = dir.path().join("b");
     run_and_kill_at(&b, &p, "done     rredcot.update[0]", 0);

@@ -171,16 +171,17 @@ impl DecoderLm {
     }
 
     /// The training forward and backward of [`Self::forward`] (no mask, no cache) with activation
-    /// checkpointing: the layers run without autograd keeping only each layer's input, `head`
-    /// maps the final hidden states `[B, L, D]` (after the last norm) to a scalar loss (and
-    /// anything else the caller wants back), and during the backward each layer runs forward
-    /// again, one at a time. Gradients accumulate into the variables as
-    /// `head(hidden).0.backward()` would: the same values, with the memory of one layer's
-    /// activations instead of all of them, for one extra forward pass.
+    /// checkpointing: the layers run without autograd keeping only each layer's input; `head`
+    /// gets the final hidden states `[B, L, D]` (after the last norm) as a leaf that requires
+    /// grad, computes the loss from them and runs its backward (so it may do that in pieces, see
+    /// [`crate::train::step`]), leaving their gradient; then each layer runs forward again, one
+    /// at a time, last first. Gradients accumulate into the variables as a plain backward would:
+    /// the same values, with the memory of one layer's activations instead of all of them, for
+    /// one extra forward pass.
     pub fn backward_checkpointed<R>(
         &self,
         input_ids: &Tensor,
-        head: impl FnOnce(&Tensor) -> anyhow::Result<(Tensor, R)>,
+        head: impl FnOnce(&Tensor) -> anyhow::Result<R>,
     ) -> anyhow::Result<R> {
         let (b, l) = input_ids.size2()?;
         let positions = Tensor::arange(l, (Kind::Int64, self.device()))
@@ -189,21 +190,23 @@ impl DecoderLm {
         let rope = self.rotary.tables(&positions, self.kind());
         let mask = AttnMask::Causal;
         let mut inputs = Vec::with_capacity(self.layers.len());
-        let last = tch::no_grad(|| {
+        let (last, hidden) = tch::no_grad(|| {
             let mut x = self.embed(input_ids);
             for layer in &self.layers {
                 let y = layer.forward(&x, &rope, &mask, None);
                 inputs.push(x);
                 x = y;
             }
-            x
+            let h = self.norm.forward(&x);
+            (x, h)
         });
+        let hidden = hidden.set_requires_grad(true);
+        let out = head(&hidden)?;
         let top = last.set_requires_grad(true);
-        let (loss, out) = head(&self.norm.forward(&top))?;
-        loss.backward();
+        // Backward of sum(y * dL/dy) gives a piece's parameters' and its input's gradients: the
+        // final norm, then each layer again, last first.
+        (self.norm.forward(&top) * hidden.grad()).sum(Kind::Float).backward();
         let mut grad = top.grad();
-        // Each layer again, last first: backward of sum(y * dL/dy) gives its parameters' and
-        // its input's gradients.
         for (layer, x) in self.layers.iter().zip(inputs).rev() {
             let x = x.set_requires_grad(true);
             let y = layer.forward(&x, &rope, &mask, None);
@@ -379,7 +382,13 @@ mod tests {
         let plain_loss = loss_of(&m.hidden(&ids, &Tensor::arange(6, (Kind::Int64, Device::Cpu)).unsqueeze(0).expand([2, 6], false), &AttnMask::Causal, None));
         plain_loss.backward();
         let plain = grads(&m);
-        let value = m.backward_checkpointed(&ids, |h| { let l = loss_of(h); let v = l.double_value(&[]); Ok((l, v)) }).unwrap();
+        let value = m
+            .backward_checkpointed(&ids, |h| {
+                let l = loss_of(h);
+                l.backward();
+                Ok(l.double_value(&[]))
+            })
+            .unwrap();
         let ckpt = grads(&m);
         assert!((value - plain_loss.double_value(&[])).abs() < 1e-6);
         assert_eq!(plain.len(), ckpt.len());
