@@ -8,11 +8,13 @@
 //! `credit = "progress"` (seed 002) the credit stays uniform and the *advantage* is per token: the
 //! outcome advantage plus `progress_coef` × the prover's progress Δ_t of the token's step (from
 //! `score_progress` values), times the token's entropy normalized over its step, mixed by
-//! `entropy_mix` ([`rredcot::credit::progress`]). The loss is
-//! [`crate::train::loss::policy_loss`]; `inner_epochs` × minibatches optimizer steps of the
-//! resumable AdamW, each accumulated over micro-batches (so a batch larger than memory works),
-//! with a warmup + cosine schedule over the whole run (`step` of `total_steps`, usually
-//! `"{step}"` / `"{repeat}"` in a chain) and gradient clipping.
+//! `entropy_mix` ([`rredcot::credit::progress`]). Each row's credit is
+//! [`rredcot::credit::builder::token_credit`]; the loss is [`crate::train::loss::policy_loss`];
+//! the forward and backward ([`crate::train::step::TrainModel`]: precision, checkpointing) run
+//! `inner_epochs` × minibatches optimizer steps of the resumable AdamW, each accumulated over
+//! micro-batches (so a batch larger than memory works), with a warmup + cosine schedule over the
+//! whole run (`step` of `total_steps`, usually `"{step}"` / `"{repeat}"` in a chain) and
+//! gradient clipping.
 //!
 //! Outputs: the next policy (HF checkpoint with tokenizer), the optimizer state, and a `metrics`
 //! table with one row per optimizer step. Deterministic for the same inputs, params and threads.
@@ -23,8 +25,8 @@ use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::credit::segmentation::checked_ends;
-use rredcot::credit::{progress, sigma};
-use rredcot::credit::weights::{advantages, token_weights, ScaleRewards};
+use rredcot::credit::builder::{token_credit, CreditSource, TokenCredit};
+use rredcot::credit::weights::{advantages, ScaleRewards};
 use rredcot::engine::StageContext;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
@@ -34,7 +36,7 @@ use crate::model::{self, DeviceChoice, LoadOptions};
 use crate::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
 use crate::train::loss::{check_credit_with_is, dapo_tokens_per_step, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
 use crate::train::lr_at;
-use crate::train::step::{token_logprobs, TrainModel};
+use crate::train::step::{token_logprobs, TrainDtype, TrainModel};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -108,47 +110,86 @@ fn micro_tensors(seqs: &[&Sequence], device: Device) -> (Tensor, Tensor, Tensor,
     )
 }
 
+/// Params of `update`, `update_rredcot` and `update_progress` (defaults and their docs:
+/// `stages/update.toml` and the files that extend it).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateParams {
+    seed: i64,
+    credit: Credit,
+    sigma_mix: f64,
+    scale_rewards: ScaleRewards,
+    reward_eps: f64,
+    loss_type: LossType,
+    importance_sampling: IsLevel,
+    epsilon_low: f64,
+    epsilon_high: f64,
+    beta: f64,
+    kl_bias_correction: bool,
+    temperature: f64,
+    max_completion_length: usize,
+    inner_epochs: usize,
+    minibatch_size: usize,
+    micro_batch_size: usize,
+    step: usize,
+    total_steps: usize,
+    lr: f64,
+    warmup_steps: usize,
+    min_lr_ratio: f64,
+    weight_decay: f64,
+    grad_clip: f64,
+    adam_beta1: f64,
+    adam_beta2: f64,
+    adam_eps: f64,
+    allow_off_policy: bool,
+    // Read where the model is loaded and the threads set (`super::load_options`, `set_threads`).
+    #[allow(dead_code)]
+    device: DeviceChoice,
+    dtype: TrainDtype,
+    gradient_checkpointing: bool,
+    #[allow(dead_code)]
+    threads: i64,
+    /// `update_progress` only.
+    progress_coef: Option<f64>,
+    entropy_mix: Option<f64>,
+}
+
+impl Credit {
+    fn name(self) -> &'static str {
+        match self {
+            Credit::Uniform => "uniform",
+            Credit::Sigma => "sigma",
+            Credit::Progress => "progress",
+        }
+    }
+}
+
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     set_threads(ctx)?;
-    let seed: i64 = ctx.param("seed")?;
-    tch::manual_seed(seed);
-    let credit_kind: Credit = ctx.param("credit")?;
-    let sigma_mix: f64 = ctx.param("sigma_mix")?;
-    let scale: ScaleRewards = ctx.param("scale_rewards")?;
+    let p: UpdateParams = ctx.params()?;
+    tch::manual_seed(p.seed);
+    let (credit_kind, sigma_mix, scale) = (p.credit, p.sigma_mix, p.scale_rewards);
     let loss_cfg = LossConfig {
-        loss_type: ctx.param::<LossType>("loss_type")?,
-        importance_sampling: ctx.param::<IsLevel>("importance_sampling")?,
-        epsilon_low: ctx.param("epsilon_low")?,
-        epsilon_high: ctx.param("epsilon_high")?,
-        beta: ctx.param("beta")?,
-        kl_bias_correction: ctx.param("kl_bias_correction")?,
+        loss_type: p.loss_type,
+        importance_sampling: p.importance_sampling,
+        epsilon_low: p.epsilon_low,
+        epsilon_high: p.epsilon_high,
+        beta: p.beta,
+        kl_bias_correction: p.kl_bias_correction,
     };
-    let temperature: f64 = ctx.param("temperature")?;
-    let max_completion: usize = ctx.param("max_completion_length")?;
-    let inner_epochs: usize = ctx.param("inner_epochs")?;
-    let minibatch: usize = ctx.param("minibatch_size")?;
-    let micro: usize = ctx.param("micro_batch_size")?;
-    let (train_step, total_steps): (usize, usize) = (ctx.param("step")?, ctx.param("total_steps")?);
-    let (lr, warmup, min_ratio): (f64, usize, f64) = (ctx.param("lr")?, ctx.param("warmup_steps")?, ctx.param("min_lr_ratio")?);
-    let clip: f64 = ctx.param("grad_clip")?;
-    let adam = AdamWConfig {
-        beta1: ctx.param("adam_beta1")?,
-        beta2: ctx.param("adam_beta2")?,
-        eps: ctx.param("adam_eps")?,
-        weight_decay: ctx.param("weight_decay")?,
-    };
-    let allow_off_policy: bool = ctx.param("allow_off_policy")?;
+    let (temperature, max_completion, inner_epochs) = (p.temperature, p.max_completion_length, p.inner_epochs);
+    let (minibatch, micro) = (p.minibatch_size, p.micro_batch_size);
+    let (train_step, total_steps) = (p.step, p.total_steps);
+    let (lr, warmup, min_ratio, clip) = (p.lr, p.warmup_steps, p.min_lr_ratio, p.grad_clip);
+    let adam = AdamWConfig { beta1: p.adam_beta1, beta2: p.adam_beta2, eps: p.adam_eps, weight_decay: p.weight_decay };
+    let allow_off_policy = p.allow_off_policy;
     if inner_epochs == 0 || micro == 0 || temperature <= 0.0 || total_steps == 0 {
         bail!("stage `{}`: inner_epochs, micro_batch_size, temperature and total_steps must be positive", ctx.instance);
     }
     if !(0.0..=1.0).contains(&sigma_mix) {
         bail!("stage `{}`: sigma_mix = {sigma_mix} is outside [0, 1]", ctx.instance);
     }
-    let credit_name = match credit_kind {
-        Credit::Uniform => "uniform",
-        Credit::Sigma => "sigma",
-        Credit::Progress => "progress",
-    };
+    let credit_name = credit_kind.name();
     let uniform = credit_kind == Credit::Uniform || (credit_kind == Credit::Sigma && sigma_mix == 0.0);
     check_credit_with_is(loss_cfg.importance_sampling, credit_name, uniform).map_err(|e| anyhow::anyhow!("stage `{}`: {e}", ctx.instance))?;
 
@@ -167,8 +208,11 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         );
     }
     // Only the progress kind (update_progress) declares these.
-    let (progress_coef, entropy_mix): (f64, f64) =
-        if credit_kind == Credit::Progress { (ctx.param("progress_coef")?, ctx.param("entropy_mix")?) } else { (0.0, 0.0) };
+    let (progress_coef, entropy_mix) = match (credit_kind, p.progress_coef, p.entropy_mix) {
+        (Credit::Progress, Some(c), Some(m)) => (c, m),
+        (Credit::Progress, _, _) => bail!("stage `{}`: credit = \"progress\" needs params progress_coef and entropy_mix", ctx.instance),
+        _ => (0.0, 0.0),
+    };
     if !(0.0..=1.0).contains(&entropy_mix) || !progress_coef.is_finite() {
         bail!("stage `{}`: entropy_mix = {entropy_mix} must be in [0, 1] and progress_coef finite", ctx.instance);
     }
@@ -196,7 +240,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if let Some(i) = rewards.iter().position(|r| !r.is_finite()) {
         bail!("{} row {i}: reward is {}", rollouts_path.display(), rewards[i]);
     }
-    let (adv, flat_groups) = advantages(&rewards, &groups, scale, ctx.param("reward_eps")?);
+    let (adv, flat_groups) = advantages(&rewards, &groups, scale, p.reward_eps);
     ctx.count("groups", group_of.len() as i64);
     ctx.count("groups_all_rewards_equal", flat_groups as i64);
 
@@ -230,40 +274,16 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         // has no credit scores: it trains with GRPO's uniform weights, counted.
         let unscored = credit_kind != Credit::Uniform && r.cot_end.is_none() && !scores_of.contains_key(&(r.prompt_id.clone(), r.sample_idx));
         unclosed_uniform += unscored as i64;
-        let (credit, advantage, sigma_entropy) = match credit_kind {
-            Credit::Uniform => (token_weights(n, None, 0.0), vec![adv[i]; n], None),
-            _ if unscored => (token_weights(n, None, 0.0), vec![adv[i]; n], None),
-            Credit::Sigma => {
-                let (sc, ends) = scored()?;
-                if sc.sigma.len() != ends.len() {
-                    bail!("{}: {} σ values for {} segments", at(), sc.sigma.len(), ends.len());
-                }
-                if let Some(x) = sc.sigma.iter().find(|x| !x.is_finite()) {
-                    bail!("{}: σ value {x}", at());
-                }
-                (token_weights(n, Some((&sc.sigma, &ends)), sigma_mix), vec![adv[i]; n], Some(sigma::entropy(&sc.sigma)))
+        let scored_row = if credit_kind != Credit::Uniform && !unscored { Some(scored()?) } else { None };
+        let source = match (credit_kind, &scored_row) {
+            (Credit::Sigma, Some((sc, ends))) => CreditSource::Sigma { sigma: &sc.sigma, ends, mix: sigma_mix },
+            (Credit::Progress, Some((sc, ends))) => {
+                CreditSource::Progress { values: &sc.r, ends, entropies: &r.entropies, coef: progress_coef, entropy_mix }
             }
-            Credit::Progress => {
-                let (sc, ends) = scored()?;
-                if sc.r.len() != ends.len() + 1 {
-                    bail!("{}: {} prover values (R) for {} segments; expected V_0..V_T from score_progress", at(), sc.r.len(), ends.len());
-                }
-                if let Some(x) = sc.r.iter().find(|x| !x.is_finite()) {
-                    bail!("{}: prover value {x}", at());
-                }
-                if r.entropies.len() != n {
-                    bail!("{}: {} token entropies for {n} completion tokens", at(), r.entropies.len());
-                }
-                if entropy_mix > 0.0 && r.entropies.iter().any(|e| !e.is_finite()) {
-                    bail!("{}: entropy-weighted progress advantages (entropy_mix = {entropy_mix}) need finite token entropies; the rollout has none (an engine rollout with entropies = \"none\"? use \"prefill\" or \"topk\", or entropy_mix = 0)", at());
-                }
-                let w = progress::entropy_weights(&r.entropies, &ends, entropy_mix);
-                let mut a = progress::token_advantages(adv[i], &progress::step_progress(&sc.r), progress_coef, &ends, &w);
-                // The answer after the chain of thought is no step: it keeps the outcome advantage.
-                a.resize(n, adv[i]);
-                (token_weights(n, None, 0.0), a, None)
-            }
+            _ => CreditSource::Uniform,
         };
+        let TokenCredit { weights: credit, advantages: advantage, sigma_entropy } =
+            token_credit(n, adv[i], source).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
         seqs.push(Sequence {
             ids: pids.iter().copied().chain(r.completion_ids.iter().map(|&t| t as i64)).collect(),
             prompt_len: pids.len(),
@@ -293,7 +313,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let steps_per_update = inner_epochs * minibatches.len();
     // dapo's normalizer as in TRL: the batch's completion tokens over its optimizer steps per epoch.
     let dapo_tokens = dapo_tokens_per_step(seqs.iter().map(|s| s.completion_len()).sum(), minibatches.len());
-    let train = TrainModel::new(model, ctx.param("dtype")?, ctx.param("gradient_checkpointing")?);
+    let train = TrainModel::new(model, p.dtype, p.gradient_checkpointing);
     let params = train.params();
     let opt_dir = ctx.input("optimizer")?.to_path_buf();
     let mut opt = AdamW::load_or_new(&opt_dir, adam, device)?;
@@ -401,6 +421,27 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rredcot::credit::progress;
+    use rredcot::credit::weights::token_weights;
+
+    /// The `[params]` of a shipped stage file, its `extends` applied.
+    fn shipped(kind: &str) -> serde_json::Map<String, serde_json::Value> {
+        let stages = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../stages");
+        rredcot::engine::plan::load_stage_kind(&[stages], kind, &rredcot::stages::CATALOG).unwrap().defaults.clone()
+    }
+
+    #[test]
+    fn the_shipped_update_files_params_are_what_update_reads() {
+        use rredcot::engine::context::parse_params;
+        for kind in ["update", "update_rredcot", "update_progress"] {
+            let p: UpdateParams = parse_params(kind, &shipped(kind)).unwrap();
+            assert_eq!(p.progress_coef.is_some(), kind == "update_progress", "{kind}");
+        }
+        let mut typo = shipped("update");
+        typo.insert("micro_batchsize".into(), 4.into());
+        let e = parse_params::<UpdateParams>("update", &typo).unwrap_err().to_string();
+        assert!(e.contains("unknown field `micro_batchsize`"), "{e}");
+    }
 
     #[test]
     fn micro_batch_masks_exactly_the_completion_and_carries_its_credit() {
