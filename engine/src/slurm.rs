@@ -343,25 +343,22 @@ impl SlurmExecutor {
             .map(|p| p.instance.as_str())
             .collect::<Vec<_>>()
             .join(", ");
-        let mut child = Command::new("sbatch")
+        // sbatch reads the script from a file, not a pipe: a sbatch that exits before reading
+        // (a rejected flag) would otherwise end this process with SIGPIPE, which the CLI leaves
+        // at its default. Slurm keeps its own copy at submission, so the file goes right after.
+        let tmp = self.store.root.join("tmp");
+        let path = tmp.join(format!("sbatch-{}.{}.sh", &head.key[..head.key.len().min(16)], std::process::id()));
+        std::fs::create_dir_all(&tmp)
+            .and_then(|()| std::fs::write(&path, script.as_bytes()))
+            .map_err(|e| format!("writing the job script {}: {e}", path.display()))?;
+        let out = Command::new("sbatch")
             .args(&args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot run sbatch for {names}: {e}"))?;
-        // sbatch may exit before reading the script (bad arguments): its status and stderr say why.
-        let wrote = child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(script.as_bytes());
-        let out = child
-            .wait_with_output()
-            .map_err(|e| format!("waiting for sbatch: {e}"))?;
-        if out.status.success() {
-            wrote.map_err(|e| format!("writing the job script to sbatch: {e}"))?;
-        } else {
+            .arg(&path)
+            .stdin(Stdio::null())
+            .output();
+        let _ = std::fs::remove_file(&path);
+        let out = out.map_err(|e| format!("cannot run sbatch for {names}: {e}"))?;
+        if !out.status.success() {
             return Err(format!(
                 "sbatch rejected the job for {names} ({}): {}\n  sbatch {}",
                 out.status,
