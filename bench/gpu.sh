@@ -7,9 +7,14 @@
 #
 # Where cargo is, it builds what it runs. On a GPU host without a Rust toolchain it runs the
 # binaries of `bash bench/gpu_bundle.sh` (built here, carried there as .gpu-bundle/).
-# One update step of the same shape per training precision, with its peak GPU memory. The whole
-# Table 2 step (64 prompts x 6 samples x 1024 tokens through rollout, segment, score, update) is
-# not scripted yet: its keys are written as null with a note.
+# One update step of the same shape per training precision, with its peak GPU memory; one
+# RREDCoT step at Table 2 scale through the pipeline (bench/table2_step.sh).
+#
+# GPU_PARTS (default "decode train quickstart table2") picks the parts to run; the keys of the
+# parts not run are kept from the existing bench/results/gpu.json (each part's entry in
+# `measured` says which run wrote it). TABLE2_PROMPTS (default 64) sizes the Table 2 step;
+# below 64 the rollout alone also runs at 64 prompts and the other stages' seconds at 64 are
+# extrapolated linearly in rows (and marked so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
@@ -30,8 +35,51 @@ else
           local exe=$1; shift; "${limit[@]}" "${p[@]}" "./target/release/$exe" "$@"; }
 fi
 
-run examples/bench_gpu "$TMP"
-$PY bench/gpu_transformers.py "$TMP/model" "$TMP/prompt.json" "$TMP/transformers.json"
+parts=" ${GPU_PARTS:-decode train quickstart table2} "
+has() { [[ $parts == *" $1 "* ]]; }
+echo '{}' >"$TMP/ours.json"; echo '{}' >"$TMP/transformers.json"; echo null >"$TMP/train.json"
+echo null >"$TMP/table2.json"; CPU_S=null GPU_S=null
+if has decode || has table2; then
+  run examples/bench_gpu "$TMP"
+fi
+if has decode; then
+  $PY bench/gpu_transformers.py "$TMP/model" "$TMP/prompt.json" "$TMP/transformers.json"
+fi
+if has table2; then
+  # The Table 2 step on bench_gpu's checkpoint (the 1.5B shape, random weights, bf16).
+  n=${TABLE2_PROMPTS:-64}
+  if [ -f .gpu-bundle/run.sh ] && ! command -v cargo >/dev/null; then
+    export RUN="bash .gpu-bundle/run.sh target-gpu/release/rredcot-worker" QWEN_TOK=$TMP/qwen3-tokenizer
+    mkdir -p "$QWEN_TOK"
+    for f in tokenizer.json tokenizer_config.json; do xz -dc ".gpu-bundle/qwen3-tokenizer/$f.xz" >"$QWEN_TOK/$f"; done
+  fi
+  bash bench/table2_step.sh "$TMP/model" "$TMP/table2-step.json" "$n" 6 1024 || true
+  if [ "$n" -lt 64 ]; then
+    STAGES=rollout bash bench/table2_step.sh "$TMP/model" "$TMP/table2-rollout64.json" 64 6 1024 || true
+  fi
+  $PY - "$TMP/table2-step.json" "$TMP/table2-rollout64.json" "$n" >"$TMP/table2.json" <<'PYEOF'
+import json, os, sys
+step = json.load(open(sys.argv[1])) if os.path.exists(sys.argv[1]) else {"error": "no result"}
+n = int(sys.argv[3])
+stages = ["rollout", "segment", "score", "update"]
+res = {"step": step}
+if n < 64 and os.path.exists(sys.argv[2]):
+    r64 = json.load(open(sys.argv[2]))
+    res["rollout_at_64_prompts"] = r64
+    secs = {s: step[s]["seconds"] * (1 if s == "segment" else 64 / n) for s in stages if s in step}
+    if "rollout" in r64 and r64["rollout"].get("ok"):
+        secs["rollout"] = r64["rollout"]["seconds"]
+    res["seconds_at_64_prompts"] = secs
+    res["note"] = (f"all four stages measured at {n} prompts x 6 x 1024; the rollout also at 64 prompts; score and "
+                   f"update at 64 prompts extrapolated x {64 / n:g} (linear in rows; micro-batched, so their memory does not grow)")
+else:
+    res["seconds_at_64_prompts"] = {s: step[s]["seconds"] for s in stages if s in step}
+peaks = [v["peak_gpu_mem_gb"] for v in list(step.values()) + list(res.get("rollout_at_64_prompts", {}).values())
+         if isinstance(v, dict) and v.get("peak_gpu_mem_gb") is not None]
+res["peak_gpu_mem_gb"] = max(peaks, default=None)
+print(json.dumps(res))
+PYEOF
+fi
 rm -rf "$TMP/model"
 
 # One update step of the 1.5B shape on 16 sequences of 1088 tokens (the update's default micro-batch;
@@ -47,7 +95,7 @@ train_step() {
   tail -3 "$TMP/train-$1-$2.err" >&2
   $PY -c "import json,sys; r=json.loads(sys.argv[1]); r['peak_gpu_mem_gb']=max([float(l) for l in open(sys.argv[2]) if l.strip()], default=0)/1024; r['error_tail']=open(sys.argv[3]).read()[-300:] if 'error' in r else None; print(json.dumps(r))" "$out" "$log" "$TMP/train-$1-$2.err"
 }
-{
+has train && {
   echo "{"
   echo "\"f32\": $(train_step f32 false),"
   echo "\"f32_checkpointing\": $(train_step f32 true),"
@@ -75,36 +123,56 @@ quickstart() {
     echo null
   fi
 }
-CPU_S=$(quickstart cpu)
-GPU_S=$(quickstart cuda)
+if has quickstart; then
+  CPU_S=$(quickstart cpu)
+  GPU_S=$(quickstart cuda)
+fi
 
 mkdir -p bench/results
-$PY - "$TMP/ours.json" "$TMP/transformers.json" "$CPU_S" "$GPU_S" "${#pin[@]}" "$TMP/train.json" <<'PYEOF'
-import json, sys
+$PY - "$TMP/ours.json" "$TMP/transformers.json" "$CPU_S" "$GPU_S" "${#pin[@]}" "$TMP/train.json" \
+    "$TMP/table2.json" "$parts" <<'PYEOF'
+import datetime, json, os, sys
 ours, theirs = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 num = lambda x: None if x == "null" else float(x)
 cpu_s, gpu_s, pinned = num(sys.argv[3]), num(sys.argv[4]), sys.argv[5] != "0"
-train = json.load(open(sys.argv[6]))
-res = {"command": "bash bench/gpu.sh", "gpu": theirs.pop("gpu"),
-       "model": "Qwen2 1.5B shape (DeepSeek-R1-Distill-Qwen-1.5B), random weights, bf16, CUDA"}
-for b in (1, 64, 256):
-    res[f"decode_tok_s_b{b}"] = ours[f"decode_tok_s_b{b}"]
-    res[f"transformers_decode_tok_s_b{b}"] = theirs[f"transformers_decode_tok_s_b{b}"]
-for b in (1, 256):
-    res[f"decode_speedup_vs_transformers_b{b}"] = ours[f"decode_tok_s_b{b}"] / theirs[f"transformers_decode_tok_s_b{b}"]
-for k, v in ours.items():
-    if not k.startswith("decode_tok_s_"):
-        res[k] = v
-res["quickstart_cpu_s"], res["quickstart_gpu_s"] = cpu_s, gpu_s
-res["quickstart_gpu_over_cpu_time_ratio"] = gpu_s / cpu_s if cpu_s and gpu_s else None
-res["quickstart_note"] = ("shortened quickstart (tests/gpu.rs's sizes), fresh store per device, "
-                          + ("both runs pinned to cores 0,1" if pinned else "not pinned: no taskset"))
-res["update_step_16x1088"] = train
-res["update_step_note"] = ("one optimizer step (forward, backward, clip, AdamW) of the 1.5B shape on 16 x 1088 "
-                           "tokens; step_seconds = [first, second]; peak from nvidia-smi every 100 ms")
-res["table2_step_seconds"] = None
-res["table2_peak_gpu_mem_gb"] = None
-res["table2_note"] = "not measured: the Table 2 step is not scripted yet (issue 17, item 3)"
-json.dump(res, open("bench/results/gpu.json", "w"), indent=2, sort_keys=True)
+train, table2, parts = json.load(open(sys.argv[6])), json.load(open(sys.argv[7])), sys.argv[8].split()
+path = "bench/results/gpu.json"
+res = json.load(open(path)) if os.path.exists(path) else {}
+res.pop("earlier_run_same_session", None)
+gpu = theirs.pop("gpu", None) or res.get("gpu")
+stamp = f"{datetime.date.today()} on {gpu}"
+measured = res.setdefault("measured", {})
+res.update({"command": "bash bench/gpu.sh", "gpu": gpu,
+            "model": "Qwen2 1.5B shape (DeepSeek-R1-Distill-Qwen-1.5B), random weights, bf16, CUDA"})
+if "decode" in parts:
+    for b in (1, 64, 256):
+        res[f"decode_tok_s_b{b}"] = ours[f"decode_tok_s_b{b}"]
+        res[f"transformers_decode_tok_s_b{b}"] = theirs[f"transformers_decode_tok_s_b{b}"]
+    for b in (1, 256):
+        res[f"decode_speedup_vs_transformers_b{b}"] = ours[f"decode_tok_s_b{b}"] / theirs[f"transformers_decode_tok_s_b{b}"]
+    for k, v in ours.items():
+        if not k.startswith("decode_tok_s_"):
+            res[k] = v
+    measured["decode"] = stamp
+if "quickstart" in parts:
+    res["quickstart_cpu_s"], res["quickstart_gpu_s"] = cpu_s, gpu_s
+    res["quickstart_gpu_over_cpu_time_ratio"] = gpu_s / cpu_s if cpu_s and gpu_s else None
+    res["quickstart_note"] = ("shortened quickstart (tests/gpu.rs's sizes), fresh store per device, "
+                              + ("both runs pinned to cores 0,1" if pinned else "not pinned: no taskset"))
+    measured["quickstart"] = stamp
+if "train" in parts:
+    res["update_step_16x1088"] = train
+    res["update_step_note"] = ("one optimizer step (forward, backward, clip, AdamW) of the 1.5B shape on 16 x 1088 "
+                               "tokens; step_seconds = [first, second]; peak from nvidia-smi every 100 ms")
+    measured["train"] = stamp
+if "table2" in parts:
+    res["table2"] = table2
+    res["table2_step_seconds"] = table2.get("seconds_at_64_prompts") if table2 else None
+    res["table2_peak_gpu_mem_gb"] = table2.get("peak_gpu_mem_gb") if table2 else None
+    res["table2_note"] = ("bench/table2_step.sh: one RREDCoT step of pipelines/paper-table2.toml on GSM8K prompts, "
+                          "the 1.5B shape with random weights and the Qwen3 tokenizer, x 6 samples x 1024 new tokens, "
+                          "update in bf16 with gradient checkpointing; seconds per stage include loading the checkpoint")
+    measured["table2"] = stamp
+json.dump(res, open(path, "w"), indent=2, sort_keys=True)
 print(json.dumps(res, indent=2, sort_keys=True))
 PYEOF

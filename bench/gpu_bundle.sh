@@ -28,6 +28,11 @@ strip "$example"
 files=$(tar tJf .gpu-bundle/bin.tar.xz)
 # shellcheck disable=SC2086 # the packed paths have no spaces
 tar cJf .gpu-bundle/bin.tar.xz $files "$example"
+# The Qwen3 tokenizer of the Table 2 step (bench/table2_step.sh), compressed.
+mkdir -p .gpu-bundle/qwen3-tokenizer
+for f in tokenizer.json tokenizer_config.json; do
+  xz -9 -c ".venv/share/qwen3-tokenizer/$f" > ".gpu-bundle/qwen3-tokenizer/$f.xz"
+done
 # Test binaries name the worker and the repository by this path (CARGO_BIN_EXE_*, CARGO_MANIFEST_DIR).
 echo "$root" > .gpu-bundle/root
 echo "bundle with bench_gpu: $(du -sh .gpu-bundle | cut -f1)"

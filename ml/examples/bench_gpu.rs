@@ -149,6 +149,27 @@ fn main() -> anyhow::Result<()> {
         let n: usize = g.iter().map(|x| x.tokens.len()).sum();
         Ok(n as f64 / t.elapsed().as_secs_f64())
     };
+    // The sampler alone on [B, V] float32 probabilities: the one-level inverse cdf (PyTorch's
+    // scan over a whole row) against the two-level one CUDA decoding uses.
+    for b in [1i64, 64, 256] {
+        let probs = (Tensor::randn([b, cfg.vocab_size], (Kind::Float, dev)) * 3.0).softmax(-1, Kind::Float);
+        let u = Tensor::rand([b], (Kind::Float, dev));
+        let time = |f: &dyn Fn() -> Tensor| {
+            let _ = f();
+            tch::Cuda::synchronize(0);
+            let t = Instant::now();
+            for _ in 0..20 {
+                let _ = f();
+            }
+            tch::Cuda::synchronize(0);
+            t.elapsed().as_secs_f64() * 1000.0 / 20.0
+        };
+        let one = time(&|| model::generate::inverse_cdf(&probs, &u));
+        let two = time(&|| model::generate::inverse_cdf_chunked(&probs, &u, 1024));
+        eprintln!("sampler b{b}: one-level {one:.2} ms, chunked {two:.2} ms");
+        res.insert(format!("sampler_ms_one_level_b{b}"), one.into());
+        res.insert(format!("sampler_ms_chunked_b{b}"), two.into());
+    }
     // bf16 sampled at T = 1 is the headline (transformers' side of the table); greedy bf16 and
     // f32 sampled are what `device = auto`'s dtype choice rests on.
     for b in [1usize, 64, 256] {
@@ -161,6 +182,10 @@ fn main() -> anyhow::Result<()> {
         eprintln!("ours bf16 greedy b{b}: {rate:.0} tok/s");
         res.insert(format!("decode_greedy_tok_s_b{b}"), rate.into());
     }
+    // b1 once more: the first decode measured ran at a quarter of greedy's pace before.
+    let rate = decode(&m, 1, 1.0)?;
+    eprintln!("ours bf16 sampled b1, again: {rate:.0} tok/s");
+    res.insert("decode_tok_s_b1_repeat".into(), rate.into());
     m.set_kind(Kind::Float);
     for b in [1usize, 64, 256] {
         let rate = decode(&m, b, 1.0)?;

@@ -155,6 +155,34 @@ fn cuda_logits_tokens_and_scores_agree_with_the_cpu() {
         }
     }
 
+    // Sampled at T = 1: the CUDA sampler's two-level cdf picks the CPU's tokens (u sits within
+    // a rounding error of a cdf step with vanishing probability).
+    let t1 = SamplingParams { temperature: 1.0, ..p.clone() };
+    let sc = tch::no_grad(|| generate(&cpu, None, &prompts, &seeds, &t1)).unwrap();
+    let sg = tch::no_grad(|| generate(&gpu, None, &prompts, &seeds, &t1)).unwrap();
+    for (c, g) in sc.iter().zip(&sg) {
+        assert_eq!(c.tokens, g.tokens, "sampled tokens");
+    }
+
+    // bf16 decoding (fused RMSNorm, flash attention reading the grouped kv heads): one cached
+    // decode step's logits near f32's, relative to their scale (a wrong head grouping or norm
+    // moves them by their own size).
+    let mut half = small_model(11);
+    half.to_device(dev);
+    half.set_kind(Kind::BFloat16);
+    let step = |m: &DecoderLm| {
+        tch::no_grad(|| {
+            let mut cache = m.new_cache(1, 16);
+            let ids = ids.to_device(dev);
+            m.forward(&ids.narrow(1, 0, 7), None, Some(&mut cache)).unwrap();
+            m.forward(&ids.narrow(1, 7, 1), None, Some(&mut cache)).unwrap().to_kind(Kind::Float)
+        })
+    };
+    let (l32, l16) = (step(&gpu), step(&half));
+    let scale = l32.abs().max().double_value(&[]);
+    let d = max_diff(&l32, &l16);
+    assert!(d < 0.03 * scale, "bf16 decode logits differ by {d} (scale {scale})");
+
     let trace: Vec<i64> = (0..40).map(|i| (i * 7 + 3) % 97).collect();
     let cuts = [1usize, 5, 17, 40];
     let targets = vec![vec![4i64, 8, 15], vec![16, 23]];

@@ -52,6 +52,12 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        if x.device().is_cuda() {
+            // PyTorch's fused kernel (float accumulation): one launch instead of eight, which
+            // set the pace of a decode step on a GPU. The CPU keeps transformers' exact ops.
+            let d = *x.size().last().expect("a hidden dimension");
+            return x.rms_norm([d], Some(&self.weight), self.eps);
+        }
         let kind = x.kind();
         let xf = x.to_kind(Kind::Float);
         let var = xf.square().mean_dim(-1, true, Kind::Float);
@@ -386,9 +392,11 @@ impl Attention {
             q = qn.forward(&q);
             k = kn.forward(&k);
         }
-        let q = Rotary::apply(&q.transpose(1, 2), rope);
-        let k = Rotary::apply(&k.transpose(1, 2), rope);
-        (q, k, v)
+        // One rotation over the query and key heads together: half the kernel launches, which
+        // set the pace of a decode step on a GPU (elementwise, so the same numbers).
+        let (h, kv) = (self.o.n_heads, self.o.n_kv_heads);
+        let qk = Rotary::apply(&Tensor::cat(&[&q, &k], 2).transpose(1, 2), rope);
+        (qk.narrow(1, 0, h), qk.narrow(1, h, kv), v)
     }
 
     /// Repeats key/value heads to match the query heads (grouped-query attention).
@@ -421,13 +429,24 @@ impl Attention {
             Some(c) => c.append(&k, &v),
             None => (k, v),
         };
-        let (k, v) = (self.repeat_kv(&k), self.repeat_kv(&v));
+        // In inference, flash attention on a GPU reads grouped key/value heads itself (no copy of
+        // the cache per step); it takes no bias, so masked attention repeats the heads (and so
+        // does training, whose backward keeps the path every test covers).
+        let native_gqa = q.device().is_cuda()
+            && !q.requires_grad()
+            && matches!(q.kind(), Kind::BFloat16 | Kind::Half)
+            && !matches!(mask, AttnMask::Bias(_));
+        let (k, v) = if native_gqa {
+            (k, v)
+        } else {
+            (self.repeat_kv(&k), self.repeat_kv(&v))
+        };
         let y = match mask {
             AttnMask::Full => Tensor::scaled_dot_product_attention::<Tensor>(
-                &q, &k, &v, None, 0., false, None, false,
+                &q, &k, &v, None, 0., false, None, native_gqa,
             ),
             AttnMask::Causal => Tensor::scaled_dot_product_attention::<Tensor>(
-                &q, &k, &v, None, 0., true, None, false,
+                &q, &k, &v, None, 0., true, None, native_gqa,
             ),
             AttnMask::Bias(b) => {
                 Tensor::scaled_dot_product_attention(&q, &k, &v, Some(b), 0., false, None, false)
