@@ -20,7 +20,8 @@ with torch.no_grad():
     for b in (1, 64, 256):
         ids = torch.tensor([prompt] * b, device="cuda")
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
-        model.generate(ids, max_new_tokens=4, **kw)
+        # Warm-up: the same decode in full (a first decode at a batch size runs slower).
+        model.generate(ids, max_new_tokens=128, min_new_tokens=128, **kw)
         torch.cuda.synchronize()
         t = time.perf_counter()
         g = model.generate(ids, max_new_tokens=128, min_new_tokens=128, **kw)

@@ -134,7 +134,7 @@ fn sample_step(
     let logp = sampling_logp(&logits, p);
     let token = if p.temperature <= 0.0 {
         logits.argmax(-1, false)
-    } else if logits.device().is_cuda() {
+    } else if logits.device().is_cuda() && logits.size()[0] > 1 {
         inverse_cdf_chunked(&logp.exp(), uniforms, CDF_CHUNK)
     } else {
         inverse_cdf(&logp.exp(), uniforms)
@@ -162,9 +162,10 @@ const CDF_CHUNK: i64 = 1024;
 /// [`inverse_cdf`] in two levels: the cumulative mass of `chunk`-token chunks picks the chunk,
 /// a cumsum within it the token. The same distribution; the choice differs from the one-level
 /// cdf only where `u` falls within a rounding error of a cdf step. Why: PyTorch's CUDA scan of
-/// long rows runs one block per 16 rows through the whole row, ~40 ms per decode step for
-/// 256 rows of a 152k vocabulary (bench/results/gpu.json); chunks of 1024 scan in parallel.
-/// The CPU keeps the one-level scan, a sequential loop either way (its results unchanged).
+/// many long rows runs each row through one block; on [256, 151936] the one-level sampler took
+/// 0.62 ms on an H200, this one 0.28 ms (b64: 0.34 vs 0.14; bench/results/gpu.json `sampler_ms_*`).
+/// A single row keeps PyTorch's one-row scan (0.05 vs 0.20 ms), and the CPU the one-level scan,
+/// a sequential loop either way (its results unchanged).
 pub fn inverse_cdf_chunked(probs: &Tensor, u: &Tensor, chunk: i64) -> Tensor {
     let (b, v) = (probs.size()[0], probs.size()[1]);
     let n = (v + chunk - 1) / chunk;
