@@ -48,9 +48,8 @@ fn small_model(seed: i64) -> DecoderLm {
     let cfg = ModelConfig::from_json_str(&json.to_string(), Path::new("<gpu test>")).unwrap();
     tch::manual_seed(seed);
     let m = DecoderLm::new(&cfg, Device::Cpu);
-    // By name: the variables' map iterates in a random order, and two calls must give one model.
-    let mut vars: Vec<(String, Tensor)> = m.vs.variables().into_iter().collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    // By name, so two calls give one model.
+    let vars = m.sorted_variables();
     tch::no_grad(|| {
         for (_, mut v) in vars {
             v.copy_(&(Tensor::randn(v.size(), (Kind::Float, Device::Cpu)) * 0.3));
@@ -70,8 +69,7 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 fn two_steps(device: Device, dir: &Path) -> Vec<(String, Tensor)> {
     let mut m = small_model(7);
     m.to_device(device);
-    let mut params: Vec<(String, Tensor)> = m.vs.variables().into_iter().collect();
-    params.sort_by(|a, b| a.0.cmp(&b.0));
+    let params = m.sorted_variables();
     let cfg = AdamWConfig {
         beta1: 0.9,
         beta2: 0.999,

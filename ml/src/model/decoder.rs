@@ -93,6 +93,15 @@ impl DecoderLm {
         self.embed_tokens.kind()
     }
 
+    /// Every variable with its Hugging Face name, sorted by name: the store's map iterates in a
+    /// random order, and whatever walks the weights (init, optimizer state, comparisons) must
+    /// see one order.
+    pub fn sorted_variables(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
     /// Converts all weights to `kind` (e.g. `Kind::BFloat16`).
     pub fn set_kind(&mut self, kind: Kind) {
         self.vs.set_kind(kind);
@@ -372,8 +381,7 @@ mod tests {
             (logits.log_softmax(-1, Kind::Float) * logits.softmax(-1, Kind::Float)).sum(Kind::Float) / 7.0
         };
         let grads = |m: &DecoderLm| -> Vec<(String, Tensor)> {
-            let mut v: Vec<(String, Tensor)> = m.vs.variables().into_iter().map(|(n, t)| (n, t.grad().copy())).collect();
-            v.sort_by(|a, b| a.0.cmp(&b.0));
+            let v: Vec<(String, Tensor)> = m.sorted_variables().into_iter().map(|(n, t)| (n, t.grad().copy())).collect();
             for (_, t) in m.vs.variables() {
                 let _ = t.grad().zero_();
             }

@@ -539,10 +539,8 @@ pub(crate) mod tests {
             pad_token_id: None,
         };
         let m = DecoderLm::new(&cfg, Device::Cpu);
-        // By name: the variables' map iterates in a random order, and the weights must be a
-        // function of the seed alone.
-        let mut vars: Vec<(String, Tensor)> = m.vs.variables().into_iter().collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        // By name, so the weights are a function of the seed alone.
+        let vars = m.sorted_variables();
         tch::no_grad(|| {
             for (_, mut v) in vars {
                 let r = Tensor::randn(v.size(), (Kind::Float, Device::Cpu)) * 0.3;

@@ -46,11 +46,15 @@ pub const FULL_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: full_bui
 
 /// Applies the stage's `threads` param (0 = libtorch's default).
 fn set_threads(ctx: &StageContext) -> Result<()> {
-    let threads: i64 = ctx.param("threads")?;
+    use_threads(ctx.param("threads")?);
+    Ok(())
+}
+
+/// Intra-op threads of this process (0: libtorch's default).
+fn use_threads(threads: i64) {
     if threads > 0 {
         tch::set_num_threads(threads as i32);
     }
-    Ok(())
 }
 
 /// The stage's `device`/`dtype` params.
@@ -68,10 +72,11 @@ fn load_policy(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)>
     load_checkpoint(ctx, name, &load_options(ctx)?)
 }
 
-/// [`load_policy`] in float32 whatever the stage's `dtype` (a training stage keeps float32
-/// master weights; its `dtype` sets the compute precision, [`crate::train::step`]).
-fn load_policy_f32(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)> {
-    load_checkpoint(ctx, name, &LoadOptions { dtype: model::DtypeChoice::F32, ..load_options(ctx)? })
+/// The checkpoint wired to input `name` on `device`, in float32 whatever the stage's `dtype` (a
+/// training stage keeps float32 master weights; its `dtype` sets the compute precision,
+/// [`crate::train::step`]).
+fn load_policy_f32(ctx: &StageContext, name: &str, device: model::DeviceChoice) -> Result<(DecoderLm, Tokenizer)> {
+    load_checkpoint(ctx, name, &LoadOptions { device, dtype: model::DtypeChoice::F32 })
 }
 
 fn load_checkpoint(ctx: &StageContext, name: &str, opts: &LoadOptions) -> Result<(DecoderLm, Tokenizer)> {

@@ -31,7 +31,7 @@ use rredcot::engine::StageContext;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use super::{encode_prompt, load_policy_f32, set_threads};
+use super::{encode_prompt, load_policy_f32, use_threads};
 use crate::model::{self, DeviceChoice, LoadOptions};
 use crate::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
 use crate::train::loss::{check_credit_with_is, dapo_tokens_per_step, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
@@ -142,12 +142,9 @@ struct UpdateParams {
     adam_beta2: f64,
     adam_eps: f64,
     allow_off_policy: bool,
-    // Read where the model is loaded and the threads set (`super::load_options`, `set_threads`).
-    #[allow(dead_code)]
     device: DeviceChoice,
     dtype: TrainDtype,
     gradient_checkpointing: bool,
-    #[allow(dead_code)]
     threads: i64,
     /// `update_progress` only.
     progress_coef: Option<f64>,
@@ -165,8 +162,8 @@ impl Credit {
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    set_threads(ctx)?;
     let p: UpdateParams = ctx.params()?;
+    use_threads(p.threads);
     tch::manual_seed(p.seed);
     let (credit_kind, sigma_mix, scale) = (p.credit, p.sigma_mix, p.scale_rewards);
     let loss_cfg = LossConfig {
@@ -228,7 +225,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         HashMap::new()
     };
     // Float32 master weights whatever `dtype` says (it sets the compute precision).
-    let (model, tok) = load_policy_f32(ctx, "policy")?;
+    let (model, tok) = load_policy_f32(ctx, "policy", p.device)?;
     let device = model.device();
     let context = model.cfg.max_position_embeddings as usize;
     let by_id: HashMap<&str, &PromptRow> = prompts.iter().map(|p| (p.id.as_str(), p)).collect();

@@ -54,19 +54,13 @@ pub struct TrainModel {
     head_logits: i64,
 }
 
-fn sorted_vars(m: &DecoderLm) -> Vec<(String, Tensor)> {
-    let mut v: Vec<(String, Tensor)> = m.vs.variables().into_iter().collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
-}
-
 impl TrainModel {
     /// `master` is made float32; with `dtype` mixed on its device a bfloat16 copy is made.
     pub fn new(mut master: DecoderLm, dtype: TrainDtype, checkpointing: bool) -> TrainModel {
         if master.kind() != Kind::Float {
             master.set_kind(Kind::Float);
         }
-        let params = sorted_vars(&master);
+        let params = master.sorted_variables();
         let compute = dtype.mixed_on(master.device()).then(|| {
             let mut copy = DecoderLm::new(&master.cfg, master.device());
             tch::no_grad(|| copy.vs.copy(&master.vs)).expect("a model of the same config has the same variables");
@@ -77,7 +71,7 @@ impl TrainModel {
             }
             copy
         });
-        let compute_params = compute.as_ref().map(sorted_vars).unwrap_or_default();
+        let compute_params = compute.as_ref().map(DecoderLm::sorted_variables).unwrap_or_default();
         TrainModel { master, compute, checkpointing, params, compute_params, head_logits: HEAD_LOGITS }
     }
 
@@ -89,10 +83,6 @@ impl TrainModel {
     /// The master variables sorted by name, for clipping and the optimizer.
     pub fn params(&self) -> &[(String, Tensor)] {
         &self.params
-    }
-
-    pub fn device(&self) -> Device {
-        self.master.device()
     }
 
     /// The weights the forward pass runs on.
