@@ -39,6 +39,33 @@ struct Shape {
     max_len: i64,
 }
 
+/// The stage's params (stages/bootstrap_sft.toml documents them); unknown or mistyped ones are
+/// errors naming the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SftParams {
+    seed: u64,
+    device: model::DeviceChoice,
+    dtype: model::DtypeChoice,
+    threads: i64,
+    layers: i64,
+    hidden: i64,
+    heads: i64,
+    kv_heads: i64,
+    intermediate: i64,
+    max_len: i64,
+    steps: usize,
+    batch_size: usize,
+    warmup_steps: usize,
+    lr: f64,
+    min_lr_ratio: f64,
+    weight_decay: f64,
+    grad_clip: f64,
+    teacher_skip_rate: f64,
+    eval_n: usize,
+    eval_max_new_tokens: usize,
+}
+
 fn qwen2_config(shape: &Shape, tok: &Tokenizer) -> Result<ModelConfig> {
     let vocab = tok.vocab_size() as i64;
     let bos = tok.inner.token_to_id("<|im_start|>").map(i64::from);
@@ -131,30 +158,25 @@ pub fn greedy_accuracy(model: &DecoderLm, tok: &Tokenizer, rows: &[PromptRow], m
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    let seed: u64 = ctx.param("seed")?;
-    super::set_threads(ctx)?;
+    let p: SftParams = ctx.params()?;
+    let seed = p.seed;
+    super::use_threads(p.threads);
     let shape = Shape {
-        layers: ctx.param("layers")?,
-        hidden: ctx.param("hidden")?,
-        heads: ctx.param("heads")?,
-        kv_heads: ctx.param("kv_heads")?,
-        intermediate: ctx.param("intermediate")?,
-        max_len: ctx.param("max_len")?,
+        layers: p.layers,
+        hidden: p.hidden,
+        heads: p.heads,
+        kv_heads: p.kv_heads,
+        intermediate: p.intermediate,
+        max_len: p.max_len,
     };
-    let steps: usize = ctx.param("steps")?;
-    let batch_size: usize = ctx.param("batch_size")?;
-    let warmup: usize = ctx.param("warmup_steps")?;
-    let lr: f64 = ctx.param("lr")?;
-    let min_lr_ratio: f64 = ctx.param("min_lr_ratio")?;
-    let weight_decay: f64 = ctx.param("weight_decay")?;
-    let clip: f64 = ctx.param("grad_clip")?;
-    let eval_n: usize = ctx.param("eval_n")?;
-    let eval_max_new: usize = ctx.param("eval_max_new_tokens")?;
+    let (steps, batch_size, warmup, lr) = (p.steps, p.batch_size, p.warmup_steps, p.lr);
+    let (min_lr_ratio, weight_decay, clip) = (p.min_lr_ratio, p.weight_decay, p.grad_clip);
+    let (eval_n, eval_max_new) = (p.eval_n, p.eval_max_new_tokens);
     if steps == 0 || batch_size == 0 {
         bail!("bootstrap_sft: steps and batch_size must be positive");
     }
     tch::manual_seed(seed as i64);
-    let opts = super::load_options(ctx)?;
+    let opts = model::LoadOptions { device: p.device, dtype: p.dtype };
     let device = opts.device()?;
     if opts.kind(device) != Kind::Float {
         bail!("bootstrap_sft: dtype must be f32 or auto: the model trains in float32");
@@ -168,7 +190,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if train.is_empty() {
         bail!("{}: no training problems", train_path.display());
     }
-    let skip_rate: f64 = ctx.param("teacher_skip_rate")?;
+    let skip_rate = p.teacher_skip_rate;
     if !(0.0..=1.0).contains(&skip_rate) {
         bail!("bootstrap_sft: teacher_skip_rate must be in [0, 1], got {skip_rate}");
     }
@@ -262,6 +284,21 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shipped_params_are_what_the_stage_reads() {
+        let shipped = super::super::tests::shipped_params("bootstrap_sft");
+        let p: SftParams = rredcot::engine::context::parse_params("bootstrap_sft", &shipped).unwrap();
+        assert_eq!((p.steps, p.eval_n), (600, 100));
+        let mut typo = shipped.clone();
+        typo.insert("warmup".into(), 3.into());
+        let e = rredcot::engine::context::parse_params::<SftParams>("sft", &typo).unwrap_err().to_string();
+        assert!(e.contains("unknown field `warmup`"), "{e}");
+        let mut wrong = shipped;
+        wrong.insert("steps".into(), "many".into());
+        let e = rredcot::engine::context::parse_params::<SftParams>("sft", &wrong).unwrap_err().to_string();
+        assert!(e.contains("stage `sft`: param `steps`"), "{e}");
+    }
 
     #[test]
     fn lr_schedule_warms_up_then_decays_to_the_floor() {

@@ -145,7 +145,13 @@ fn reset_prefix(row: &PromptRow) -> Result<Vec<i64>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    /// The `[params]` of a shipped stage file, its `extends` applied.
+    pub(crate) fn shipped_params(kind: &str) -> serde_json::Map<String, serde_json::Value> {
+        let stages = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../stages");
+        rredcot::engine::plan::load_stage_kind(&[stages], kind, &rredcot::stages::CATALOG).unwrap().defaults.clone()
+    }
+
     #[test]
     fn chat_prompts_keep_their_roles_and_plain_text_is_a_user_turn() {
         let m = super::prompt_messages(r#"[{"role":"system","content":"be brief"},{"role":"user","content":"2+2?"}]"#);

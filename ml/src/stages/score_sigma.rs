@@ -26,8 +26,8 @@ use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::credit::thinking::reasoning_body;
 use rredcot::engine::StageContext;
 
-use super::{encode_prompt, load_policy, set_threads};
-use crate::model::{score_cuts_naive, score_cuts_reusing, CutRequest, DecoderLm, PrefixReuse, SharedRows, Tokenizer};
+use super::{encode_prompt, load_checkpoint, use_threads};
+use crate::model::{score_cuts_naive, score_cuts_reusing, CutRequest, DecoderLm, LoadOptions, PrefixReuse, SharedRows, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -62,14 +62,24 @@ enum Scorer {
     Naive,
 }
 
+/// The stage's params (stages/score_sigma.toml documents them); unknown or mistyped ones are
+/// errors naming the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Settings {
     normalize: Normalize,
     terms: Terms,
     answer_source: AnswerSource,
     answer_template: String,
+    #[serde(rename = "on_missing_reference")]
     on_missing: OnMissing,
     on_too_long: OnTooLong,
     scorer: Scorer,
+    pack_tokens: usize,
+    dedupe_rows: bool,
+    device: crate::model::DeviceChoice,
+    dtype: crate::model::DtypeChoice,
+    threads: i64,
 }
 
 /// Fewest reference-solution tokens kept when `on_too_long = "truncate"` shortens u*.
@@ -239,18 +249,9 @@ fn score_pack(model: &DecoderLm, pack: &[CutRequest], scorer: Scorer, reuse: &mu
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    set_threads(ctx)?;
-    let s = Settings {
-        normalize: ctx.param("normalize")?,
-        terms: ctx.param("terms")?,
-        answer_source: ctx.param("answer_source")?,
-        answer_template: ctx.param("answer_template")?,
-        on_missing: ctx.param("on_missing_reference")?,
-        on_too_long: ctx.param("on_too_long")?,
-        scorer: ctx.param("scorer")?,
-    };
-    let pack_tokens: usize = ctx.param("pack_tokens")?;
-    let dedupe: bool = ctx.param("dedupe_rows")?;
+    let s: Settings = ctx.params()?;
+    use_threads(s.threads);
+    let (pack_tokens, dedupe) = (s.pack_tokens, s.dedupe_rows);
     if !s.answer_template.contains("{answer}") {
         bail!("stage `{}`: answer_template must contain {{answer}}", ctx.instance);
     }
@@ -262,7 +263,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let by_id: HashMap<&str, &PromptRow> = prompts.iter().map(|p| (p.id.as_str(), p)).collect();
     let by_key: HashMap<(&str, i32), &RolloutRow> =
         rollouts.iter().map(|r| ((r.prompt_id.as_str(), r.sample_idx), r)).collect();
-    let (model, tok) = load_policy(ctx, "policy")?;
+    let (model, tok) = load_checkpoint(ctx, "policy", &LoadOptions { device: s.device, dtype: s.dtype })?;
 
     // 1. Every row's trace, cuts and targets (errors name the row).
     let mut prepared = Vec::with_capacity(segments.len());
@@ -374,4 +375,21 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
     write_rows(ctx.output("scores")?, Schema::Scores, &out)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rredcot::engine::context::parse_params;
+
+    #[test]
+    fn the_shipped_params_are_what_the_stage_reads() {
+        let shipped = super::super::tests::shipped_params("score_sigma");
+        let s: Settings = parse_params("score_sigma", &shipped).unwrap();
+        assert_eq!((s.scorer, s.on_missing, s.dedupe_rows), (Scorer::KvShared, OnMissing::Error, true));
+        let mut typo = shipped;
+        typo.insert("on_missing".into(), "skip".into());
+        let e = parse_params::<Settings>("score", &typo).unwrap_err().to_string();
+        assert!(e.contains("unknown field `on_missing`"), "{e}");
+    }
 }

@@ -421,11 +421,7 @@ mod tests {
     use rredcot::credit::progress;
     use rredcot::credit::weights::token_weights;
 
-    /// The `[params]` of a shipped stage file, its `extends` applied.
-    fn shipped(kind: &str) -> serde_json::Map<String, serde_json::Value> {
-        let stages = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../stages");
-        rredcot::engine::plan::load_stage_kind(&[stages], kind, &rredcot::stages::CATALOG).unwrap().defaults.clone()
-    }
+    use super::super::tests::shipped_params as shipped;
 
     #[test]
     fn the_shipped_update_files_params_are_what_update_reads() {
