@@ -14,8 +14,9 @@ use rredcot::engine::StageContext;
 
 use super::score_loo::Target;
 use super::traces::{answer_ids, score_attribution, Attribution, Trace};
-use super::{load_policy, set_threads};
-use crate::model::{embedding_grad_l1, DecoderLm, Tokenizer};
+use super::{load_checkpoint, use_threads};
+use crate::model::{embedding_grad_l1, DecoderLm, DeviceChoice, DtypeChoice, LoadOptions, Tokenizer};
+use rredcot::credit::sigma::Normalize;
 
 /// Mean gradient L1 norm per segment.
 fn segment_norms(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target: Target) -> Result<Attribution> {
@@ -36,15 +37,27 @@ fn segment_norms(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &s
     Ok(Attribution { values, credit: None, sequences: 1, positions: seq.len() })
 }
 
+/// The stage's params (stages/score_grad.toml documents them); unknown or mistyped ones are errors
+/// naming the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GradParams {
+    target: Target,
+    answer_template: String,
+    normalize: Normalize,
+    device: DeviceChoice,
+    dtype: DtypeChoice,
+    threads: i64,
+}
+
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    set_threads(ctx)?;
-    let target: Target = ctx.param("target")?;
-    let template: String = ctx.param("answer_template")?;
-    let (model, tok) = load_policy(ctx, "policy")?;
+    let p: GradParams = ctx.params()?;
+    use_threads(p.threads);
+    let (model, tok) = load_checkpoint(ctx, "policy", &LoadOptions { device: p.device, dtype: p.dtype })?;
     let mut backward = 0i64;
-    score_attribution(ctx, "grad", |trace| {
+    score_attribution(ctx, "grad", p.normalize, |trace| {
         backward += 1;
-        segment_norms(&model, &tok, trace, &template, target)
+        segment_norms(&model, &tok, trace, &p.answer_template, p.target)
     })?;
     ctx.count("backward_passes", backward);
     Ok(())

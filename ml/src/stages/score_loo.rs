@@ -16,14 +16,29 @@ use anyhow::Result;
 use rredcot::engine::StageContext;
 
 use super::traces::{answer_ids, score_attribution, Attribution, Trace};
-use super::{load_policy, set_threads};
-use crate::model::{logprob, DecoderLm, Tokenizer};
+use super::{load_checkpoint, use_threads};
+use crate::model::{logprob, DecoderLm, DeviceChoice, DtypeChoice, LoadOptions, Tokenizer};
+use rredcot::credit::sigma::Normalize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Target {
     Answer,
     Rest,
+}
+
+/// The stage's params (stages/score_loo.toml documents them); unknown or mistyped ones are errors
+/// naming the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LooParams {
+    target: Target,
+    answer_template: String,
+    normalize: Normalize,
+    batch_size: usize,
+    device: DeviceChoice,
+    dtype: DtypeChoice,
+    threads: i64,
 }
 
 /// PMI_t for t = 1..T.
@@ -51,10 +66,27 @@ fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    set_threads(ctx)?;
-    let target: Target = ctx.param("target")?;
-    let template: String = ctx.param("answer_template")?;
-    let batch: usize = ctx.param("batch_size")?;
-    let (model, tok) = load_policy(ctx, "policy")?;
-    score_attribution(ctx, "loo", |trace| pmi(&model, &tok, trace, &template, target, batch))
+    let p: LooParams = ctx.params()?;
+    use_threads(p.threads);
+    let (model, tok) = load_checkpoint(ctx, "policy", &LoadOptions { device: p.device, dtype: p.dtype })?;
+    score_attribution(ctx, "loo", p.normalize, |trace| pmi(&model, &tok, trace, &p.answer_template, p.target, p.batch_size))
+}
+
+#[cfg(test)]
+mod tests {
+    use rredcot::engine::context::parse_params;
+
+    /// score_loo's and score_grad's shipped files parse into their params; a typo is an error.
+    #[test]
+    fn the_shipped_params_are_what_the_attribution_stages_read() {
+        let loo = super::super::tests::shipped_params("score_loo");
+        let p: super::LooParams = parse_params("score_loo", &loo).unwrap();
+        assert_eq!((p.target, p.batch_size), (super::Target::Answer, 64));
+        let grad = super::super::tests::shipped_params("score_grad");
+        parse_params::<super::super::score_grad::GradParams>("score_grad", &grad).unwrap();
+        let mut typo = loo;
+        typo.insert("batch".into(), 8.into());
+        let e = parse_params::<super::LooParams>("loo", &typo).unwrap_err().to_string();
+        assert!(e.contains("unknown field `batch`"), "{e}");
+    }
 }

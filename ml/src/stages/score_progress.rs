@@ -48,7 +48,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             let template: String = ctx.param("answer_template")?;
             let batch: usize = ctx.param("batch_size")?;
             let (model, tok) = load_policy(ctx, "prover")?;
-            score_attribution(ctx, "progress", |trace| prefill_values(&model, &tok, trace, &template, batch))
+            let normalize = ctx.param("normalize")?;
+            score_attribution(ctx, "progress", normalize, |trace| prefill_values(&model, &tok, trace, &template, batch))
         }
     }
 }

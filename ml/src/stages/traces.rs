@@ -156,11 +156,10 @@ pub struct Attribution {
 }
 
 /// The loop of a prefill-only scorer: `value` for every trace, `R` = the values, `v` = zeros of
-/// the same length, σ = the `normalize` param applied to the credit (default: the values); counters
+/// the same length, σ = `normalize` applied to the credit (default: the values); counters
 /// `forward_sequences`, `forward_tokens` (and `tokens_generated` = 0), metric
 /// `scoring_s_per_trace`.
-pub fn score_attribution(ctx: &mut StageContext, method: &str, mut value: impl FnMut(&Trace) -> Result<Attribution>) -> Result<()> {
-    let normalize: Normalize = ctx.param("normalize")?;
+pub fn score_attribution(ctx: &mut StageContext, method: &str, normalize: Normalize, mut value: impl FnMut(&Trace) -> Result<Attribution>) -> Result<()> {
     let inputs = TraceInputs::read(ctx)?;
     let traces = inputs.traces()?;
     let (mut rows, mut fell_back, mut sequences, mut positions) = (Vec::with_capacity(traces.len()), 0i64, 0usize, 0usize);
