@@ -114,11 +114,19 @@ pub fn judge(
     Ok(None)
 }
 
+/// The stage's params (stages/filter.toml documents them); unknown or mistyped ones are errors naming
+/// the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FilterParams {
+    min_tokens: usize,
+    max_tokens: usize,
+}
+
 /// Stage `filter` (whitespace lengths) and `filter_tokens` (input `tokenizer`): input and output
 /// `prompts`.
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
-    let min_tokens: usize = ctx.param("min_tokens")?;
-    let max_tokens: usize = ctx.param("max_tokens")?;
+    let FilterParams { min_tokens, max_tokens } = ctx.params()?;
     if min_tokens > max_tokens {
         bail!("filter: min_tokens {min_tokens} > max_tokens {max_tokens}");
     }

@@ -662,7 +662,21 @@ pub fn convert(
 }
 
 /// Stage `import`: input `source` (a file), output `prompts`.
+/// The stage's params (stages/import.toml documents them); unknown or mistyped ones are errors naming
+/// the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ImportParams {
+    layout: String,
+    prompt_col: String,
+    solution_col: String,
+    answer_col: String,
+    id_col: String,
+    source: String,
+}
+
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
+    let p: ImportParams = ctx.params()?;
     let path = ctx.input("source")?.to_path_buf();
     if !path.is_file() {
         bail!(
@@ -671,15 +685,9 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
         );
     }
     let (rows, columns) = read_source(&path)?;
-    let layout = Layout::pick(&ctx.param::<String>("layout")?, &columns, &path)?;
-    let m = Mapping::new(
-        layout,
-        &ctx.param::<String>("prompt_col")?,
-        &ctx.param::<String>("solution_col")?,
-        &ctx.param::<String>("answer_col")?,
-        &ctx.param::<String>("id_col")?,
-    );
-    let source: String = ctx.param("source")?;
+    let layout = Layout::pick(&p.layout, &columns, &path)?;
+    let m = Mapping::new(layout, &p.prompt_col, &p.solution_col, &p.answer_col, &p.id_col);
+    let source = p.source;
     let source = if source.is_empty() {
         path.file_stem()
             .map(|s| s.to_string_lossy().to_string())

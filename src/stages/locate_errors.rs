@@ -17,9 +17,17 @@ use crate::artifact::rows::{PromptRow, RolloutRow};
 use crate::artifact::{read_rows, write_rows, Schema};
 use crate::engine::StageContext;
 
+/// The stage's params (stages/locate_errors.toml documents them); unknown or mistyped ones are errors naming
+/// the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LocateParams {
+    locator: Locator,
+    limit: usize,
+}
+
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    let locator: Locator = ctx.param("locator")?;
-    let limit: usize = ctx.param("limit")?;
+    let LocateParams { locator, limit } = ctx.params()?;
     let prompts_path = ctx.input("prompts")?.to_path_buf();
     let prompts: Vec<PromptRow> = read_rows(&prompts_path, Schema::Prompts)?;
     let rollouts_path = ctx.input("rollouts")?.to_path_buf();

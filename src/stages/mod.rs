@@ -76,9 +76,10 @@ pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: light_b
 pub const WORKER: &str = "rredcot-worker";
 
 /// The `[params]` of a shipped stage file (`stages/KIND.toml`, its `extends` applied):
-/// tests check that a stage's params struct reads them, so file and code cannot drift apart.
-#[cfg(test)]
-pub(crate) fn shipped_defaults(kind: &str) -> serde_json::Map<String, serde_json::Value> {
+/// tests (here and in the ML package) check that a stage's params struct reads them, so file and
+/// code cannot drift apart.
+#[doc(hidden)]
+pub fn shipped_defaults(kind: &str) -> serde_json::Map<String, serde_json::Value> {
     let stages = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("stages");
     let k = crate::engine::plan::load_stage_kind(&[stages], kind, &CATALOG).unwrap_or_else(|e| panic!("{kind}: {e}"));
     k.defaults.clone()
@@ -92,6 +93,11 @@ mod params_tests {
     fn the_shipped_stage_files_params_are_what_the_params_structs_read() {
         parse_params::<super::taskgen::TaskgenParams>("taskgen", &super::shipped_defaults("taskgen")).unwrap();
         parse_params::<super::segment::SegmentParams>("segment", &super::shipped_defaults("segment")).unwrap();
+        parse_params::<super::filter::FilterParams>("filter", &super::shipped_defaults("filter")).unwrap();
+        parse_params::<super::filter::FilterParams>("filter_tokens", &super::shipped_defaults("filter_tokens")).unwrap();
+        parse_params::<super::tokenizer_train::TokenizerParams>("tokenizer_train", &super::shipped_defaults("tokenizer_train")).unwrap();
+        parse_params::<super::locate_errors::LocateParams>("locate_errors", &super::shipped_defaults("locate_errors")).unwrap();
+        parse_params::<super::import::ImportParams>("import", &super::shipped_defaults("import")).unwrap();
         // A param the code would not read is an error naming it.
         let mut extra = super::shipped_defaults("segment");
         extra.insert("max_segmnts".into(), 3.into());

@@ -133,10 +133,18 @@ fn config_json() -> String {
     serde_json::to_string_pretty(&v).expect("json") + "\n"
 }
 
+/// The stage's params (stages/tokenizer_train.toml documents them); unknown or mistyped ones are errors naming
+/// the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TokenizerParams {
+    vocab_size: usize,
+    min_frequency: u64,
+}
+
 /// Stage `tokenizer_train`: input `corpus` (prompts), output `tokenizer` (dir).
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
-    let vocab_size: usize = ctx.param("vocab_size")?;
-    let min_frequency: u64 = ctx.param("min_frequency")?;
+    let TokenizerParams { vocab_size, min_frequency } = ctx.params()?;
     let input = ctx.input("corpus")?.to_path_buf();
     let rows: Vec<PromptRow> = read_rows(&input, Schema::Prompts)?;
     let texts = corpus(&rows);

@@ -146,11 +146,7 @@ fn reset_prefix(row: &PromptRow) -> Result<Vec<i64>> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    /// The `[params]` of a shipped stage file, its `extends` applied.
-    pub(crate) fn shipped_params(kind: &str) -> serde_json::Map<String, serde_json::Value> {
-        let stages = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../stages");
-        rredcot::engine::plan::load_stage_kind(&[stages], kind, &rredcot::stages::CATALOG).unwrap().defaults.clone()
-    }
+    pub(crate) use rredcot::stages::shipped_defaults as shipped_params;
 
     #[test]
     fn chat_prompts_keep_their_roles_and_plain_text_is_a_user_turn() {
