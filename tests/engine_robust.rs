@@ -1020,3 +1020,44 @@ fn a_missing_file_is_reported_once() {
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     assert!(err.contains("no-such-pipeline.toml"), "{err}");
 }
+
+/// A pipeline's `resources = { cpus = 1 }` on a use of a 2-CPU kind lets two such stages run side
+/// by side under `-j 2` (without it they take turns), and leaves the instance keys as they were.
+#[test]
+fn a_pipeline_can_give_a_stage_fewer_cpus_than_its_kind() {
+    let p = Project::new();
+    p.write(
+        "stages/two_cpu.toml",
+        "command = \"start=$(date +%s%N); sleep 0.6; echo \\\"$start $(date +%s%N)\\\" > {outputs.out}/span.txt\"\n[outputs]\nout = \"dir\"\n[params]\ntag = 0\n[resources]\ncpus = 2\n",
+    );
+    let spans_of = |name: &str, over: &str| {
+        let mut body = String::new();
+        for i in 0..2 {
+            body.push_str(&format!("[[stage]]\nname = \"s{i}\"\nuses = \"two_cpu\"\nparams = {{ tag = {i} }}\n{over}"));
+        }
+        let pl = p.pipeline(name, &body);
+        let out = p.cmd(&["pipeline", "run", pl.to_str().unwrap(), "-j", "2", "--json", "--force", "s0", "--force", "s1"]).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut spans = Vec::new();
+        let mut keys = Vec::new();
+        for i in 0..2 {
+            let key = s["keys"][format!("s{i}")].as_str().unwrap().to_string();
+            let line = std::fs::read_to_string(p.store().join("instances").join(&key).join("outputs/out/span.txt")).unwrap();
+            let f: Vec<u128> = line.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            spans.push((f[0], f[1]));
+            keys.push(key);
+        }
+        spans.sort();
+        (spans[1].0 < spans[0].1, keys)
+    };
+    let (overlap, keys) = spans_of("kind_cpus", "");
+    assert!(!overlap, "two 2-CPU stages ran side by side under -j 2");
+    let (overlap, keys_over) = spans_of("one_cpu", "resources = { cpus = 1 }\n");
+    assert!(overlap, "stages given 1 CPU each did not run side by side under -j 2");
+    assert_eq!(keys, keys_over, "resources are not part of the instance key");
+    // A misspelt entry is an error naming it.
+    let pl = p.pipeline("typo", "[[stage]]\nname = \"s0\"\nuses = \"two_cpu\"\nresources = { cpu = 1 }\n");
+    let out = p.cmd(&["pipeline", "run", pl.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("cpu"), "{}", text(&out.stderr));
+}

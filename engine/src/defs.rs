@@ -73,7 +73,27 @@ pub struct Resources {
     pub time: Option<String>,
 }
 
+/// A pipeline's `resources` for one stage use: the entries it names replace the kind's.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesOverride {
+    pub cpus: Option<u32>,
+    pub gpus: Option<u32>,
+    pub mem: Option<String>,
+    pub time: Option<String>,
+}
+
 impl Resources {
+    /// These resources with `o`'s entries in place of theirs.
+    pub fn overridden(&self, o: &ResourcesOverride) -> Resources {
+        Resources {
+            cpus: o.cpus.unwrap_or(self.cpus),
+            gpus: o.gpus.unwrap_or(self.gpus),
+            mem: o.mem.clone().or_else(|| self.mem.clone()),
+            time: o.time.clone().or_else(|| self.time.clone()),
+        }
+    }
+
     /// `time` as a duration; Err names the accepted forms.
     pub fn time_limit(&self) -> std::result::Result<Option<std::time::Duration>, String> {
         match &self.time {
@@ -152,6 +172,10 @@ pub struct StageUse {
     pub inputs: BTreeMap<String, String>,
     #[serde(default)]
     pub params: toml::Table,
+    /// Resources of this use, entry by entry over the kind's (e.g. `{ cpus = 1 }` with
+    /// `threads = 1`, so two such stages run side by side). Not part of the instance key.
+    #[serde(default)]
+    pub resources: Option<ResourcesOverride>,
     /// Set when `--set NAME.uses=KIND` swapped the kind: the file's params the new kind lacks are
     /// dropped (with a warning) instead of being errors.
     #[serde(skip)]

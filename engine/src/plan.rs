@@ -108,6 +108,8 @@ pub struct Node {
     pub params: Map<String, Value>,
     pub param_sources: BTreeMap<String, ParamSource>,
     pub inputs: BTreeMap<String, InputRef>,
+    /// The kind's resources with the pipeline's `resources` of this use over them.
+    pub resources: Resources,
 }
 
 #[derive(Debug)]
@@ -563,6 +565,16 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
             params.insert(k.clone(), toml_to_json(&v));
             sources.insert(k.clone(), ParamSource::Pipeline);
         }
+        let resources = match &su.resources {
+            Some(o) => kind.resources.overridden(o),
+            None => kind.resources.clone(),
+        };
+        resources.time_limit().map_err(|m| EngineError::Param {
+            path: file.to_path_buf(),
+            stage: name.clone(),
+            param: "resources.time".into(),
+            message: m,
+        })?;
         Ok(Node {
             name,
             base,
@@ -572,6 +584,7 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
             params,
             param_sources: sources,
             inputs: BTreeMap::new(),
+            resources,
         })
     };
 

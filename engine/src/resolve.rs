@@ -84,7 +84,7 @@ impl<'a> Resolver<'a> {
             params: node.params.clone(),
             inputs,
             outputs: node.kind.outputs.iter().map(|(n, s)| (n.clone(), s.name().to_string())).collect(),
-            resources: node.kind.resources.clone(),
+            resources: node.resources.clone(),
             git_rev: None,
         };
         spec.key = spec.compute_key();
