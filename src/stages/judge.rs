@@ -25,17 +25,34 @@ pub struct Prepared {
     pub votes: Vec<Vote>,
 }
 
+/// The params of stage `judge` (stages/judge.toml documents them); unknown or mistyped ones are
+/// errors naming the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JudgeParams {
+    url: String,
+    model: String,
+    api_key_env: String,
+    templates: Vec<String>,
+    samples: usize,
+    seed: u64,
+    temperature: f64,
+    top_p: f64,
+    max_tokens: u64,
+    system: String,
+    max_response_chars: usize,
+    timeout_s: f64,
+    retries: u32,
+    backoff_s: f64,
+    max_backoff_s: f64,
+    concurrency: usize,
+    cache: bool,
+}
+
 /// Reads the `eval` input and plans the votes from the params both judge stages share
 /// (`templates`, `samples`, `seed`, `system`, `max_response_chars`).
-pub fn prepare(ctx: &StageContext) -> Result<Prepared> {
-    let templates = templates::resolve(&ctx.param::<Vec<String>>("templates")?)
-        .with_context(|| format!("stage `{}`", ctx.instance))?;
-    let opts = PlanOptions {
-        samples: ctx.param("samples")?,
-        seed: ctx.param("seed")?,
-        system: ctx.param("system")?,
-        max_response_chars: ctx.param("max_response_chars")?,
-    };
+pub fn prepare(ctx: &StageContext, templates: &[String], opts: PlanOptions) -> Result<Prepared> {
+    let templates = templates::resolve(templates).with_context(|| format!("stage `{}`", ctx.instance))?;
     if opts.samples == 0 {
         bail!("stage `{}`: samples must be positive", ctx.instance);
     }
@@ -97,34 +114,31 @@ pub fn request_body(
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    let prepared = prepare(ctx)?;
-    let model: String = ctx.param("model")?;
-    let (temperature, top_p, max_tokens): (f64, f64, u64) = (
-        ctx.param("temperature")?,
-        ctx.param("top_p")?,
-        ctx.param("max_tokens")?,
-    );
-    let key_env: String = ctx.param("api_key_env")?;
+    let p: JudgeParams = ctx.params()?;
+    let opts = PlanOptions { samples: p.samples, seed: p.seed, system: p.system.clone(), max_response_chars: p.max_response_chars };
+    let prepared = prepare(ctx, &p.templates, opts)?;
+    let model = p.model.clone();
+    let (temperature, top_p, max_tokens) = (p.temperature, p.top_p, p.max_tokens);
+    let key_env = p.api_key_env.clone();
     // The key itself never enters params (they are part of the key and the run record).
     let api_key = (!key_env.is_empty())
         .then(|| std::env::var(&key_env).ok())
         .flatten()
         .filter(|k| !k.is_empty());
-    let secs = |name: &str| -> Result<Duration> {
-        let s: f64 = ctx.param(name)?;
+    let secs = |name: &str, s: f64| -> Result<Duration> {
         Duration::try_from_secs_f64(s)
             .with_context(|| format!("stage `{}`: param `{name}` = {s}", ctx.instance))
     };
     let client = ChatClient::new(HttpConfig {
-        url: ctx.param("url")?,
+        url: p.url.clone(),
         api_key,
-        timeout: secs("timeout_s")?,
-        retries: ctx.param("retries")?,
-        backoff: secs("backoff_s")?,
-        max_backoff: secs("max_backoff_s")?,
-        concurrency: ctx.param("concurrency")?,
+        timeout: secs("timeout_s", p.timeout_s)?,
+        retries: p.retries,
+        backoff: secs("backoff_s", p.backoff_s)?,
+        max_backoff: secs("max_backoff_s", p.max_backoff_s)?,
+        concurrency: p.concurrency,
     })?;
-    let cache = if ctx.param::<bool>("cache")? {
+    let cache = if p.cache {
         Some(ResponseCache::open(&ctx.cache_dir.join("judge"))?)
     } else {
         None

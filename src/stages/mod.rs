@@ -98,6 +98,7 @@ mod params_tests {
         parse_params::<super::tokenizer_train::TokenizerParams>("tokenizer_train", &super::shipped_defaults("tokenizer_train")).unwrap();
         parse_params::<super::locate_errors::LocateParams>("locate_errors", &super::shipped_defaults("locate_errors")).unwrap();
         parse_params::<super::import::ImportParams>("import", &super::shipped_defaults("import")).unwrap();
+        parse_params::<super::judge::JudgeParams>("judge", &super::shipped_defaults("judge")).unwrap();
         // A param the code would not read is an error naming it.
         let mut extra = super::shipped_defaults("segment");
         extra.insert("max_segmnts".into(), 3.into());

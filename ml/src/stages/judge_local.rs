@@ -10,22 +10,44 @@ use anyhow::{Context, Result};
 use rredcot::engine::StageContext;
 use rredcot::stages::judge::{finish, prepare};
 
-use super::{load_policy, set_threads};
-use crate::model::{self, ChatMessage, SamplingParams};
+use super::{load_checkpoint, use_threads};
+use crate::model::{self, ChatMessage, DeviceChoice, DtypeChoice, LoadOptions, SamplingParams};
+use rredcot::judge::PlanOptions;
+
+/// The stage's params (stages/judge_local.toml documents them); unknown or mistyped ones are
+/// errors naming the stage and the param.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JudgeLocalParams {
+    templates: Vec<String>,
+    samples: usize,
+    seed: u64,
+    temperature: f64,
+    top_p: f64,
+    max_tokens: usize,
+    system: String,
+    max_response_chars: usize,
+    batch_size: usize,
+    device: DeviceChoice,
+    dtype: DtypeChoice,
+    threads: i64,
+}
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    set_threads(ctx)?;
-    let prepared = prepare(ctx)?;
-    let batch_size: usize = ctx.param::<usize>("batch_size")?.max(1);
+    let p: JudgeLocalParams = ctx.params()?;
+    use_threads(p.threads);
+    let opts = PlanOptions { samples: p.samples, seed: p.seed, system: p.system.clone(), max_response_chars: p.max_response_chars };
+    let prepared = prepare(ctx, &p.templates, opts)?;
+    let batch_size = p.batch_size.max(1);
     let sampling = SamplingParams {
-        temperature: ctx.param("temperature")?,
-        top_p: ctx.param("top_p")?,
+        temperature: p.temperature,
+        top_p: p.top_p,
         top_k: 0,
-        max_new_tokens: ctx.param("max_tokens")?,
+        max_new_tokens: p.max_tokens,
         stop_strings: vec![],
         stop_token_ids: vec![],
     };
-    let (model, tok) = load_policy(ctx, "judge")?;
+    let (model, tok) = load_checkpoint(ctx, "judge", &LoadOptions { device: p.device, dtype: p.dtype })?;
     let context = model.cfg.max_position_embeddings as usize;
 
     // Encode every vote's conversation; those that cannot fit keep an empty reply.
@@ -62,4 +84,14 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     progress.finish();
     ctx.count("tokens_generated", generated);
     finish(ctx, prepared, &replies)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shipped_params_are_what_the_stage_reads() {
+        let shipped = super::super::tests::shipped_params("judge_local");
+        let p: super::JudgeLocalParams = rredcot::engine::context::parse_params("judge_local", &shipped).unwrap();
+        assert_eq!((p.samples, p.batch_size), (8, 16));
+    }
 }
