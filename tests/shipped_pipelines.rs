@@ -49,7 +49,9 @@ fn quickstart_unrolls_both_training_chains_with_an_eval_per_step() {
     let stages = would_run(&dry_run(&p, "quickstart.toml"));
     for m in ["grpo", "rredcot"] {
         for s in ["rollout", "update", "eval"] {
-            assert!(stages.contains(&format!("{m}.{s}[19]")), "{m}.{s}[19] missing: {stages:?}");
+            assert!(stages.contains(&format!("{m}.{s}[9]")), "{m}.{s}[9] missing: {stages:?}");
+            // 10 steps: the 15-minute budget of issue 19 (README).
+            assert!(!stages.contains(&format!("{m}.{s}[10]")), "{m}.{s}[10]: more than 10 steps");
         }
     }
     for s in ["segment", "score"] {

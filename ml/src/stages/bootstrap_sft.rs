@@ -29,16 +29,6 @@ use tch::{nn, Device, Kind, Tensor};
 pub use crate::train::lr_at;
 use crate::model::{self, ChatMessage, ChatTemplate, DecoderLm, ModelConfig, SamplingParams, Tokenizer};
 
-/// Architecture knobs of the model trained here (stage params of the same names).
-struct Shape {
-    layers: i64,
-    hidden: i64,
-    heads: i64,
-    kv_heads: i64,
-    intermediate: i64,
-    max_len: i64,
-}
-
 /// The stage's params (stages/bootstrap_sft.toml documents them); unknown or mistyped ones are
 /// errors naming the stage and the param.
 #[derive(Debug, serde::Deserialize)]
@@ -66,19 +56,20 @@ struct SftParams {
     eval_max_new_tokens: usize,
 }
 
-fn qwen2_config(shape: &Shape, tok: &Tokenizer) -> Result<ModelConfig> {
+/// The Qwen2 config of the model trained here, from the stage's architecture params.
+fn qwen2_config(p: &SftParams, tok: &Tokenizer) -> Result<ModelConfig> {
     let vocab = tok.vocab_size() as i64;
     let bos = tok.inner.token_to_id("<|im_start|>").map(i64::from);
     let json = serde_json::json!({
         "model_type": "qwen2",
         "architectures": ["Qwen2ForCausalLM"],
         "vocab_size": vocab,
-        "hidden_size": shape.hidden,
-        "intermediate_size": shape.intermediate,
-        "num_hidden_layers": shape.layers,
-        "num_attention_heads": shape.heads,
-        "num_key_value_heads": shape.kv_heads,
-        "max_position_embeddings": shape.max_len,
+        "hidden_size": p.hidden,
+        "intermediate_size": p.intermediate,
+        "num_hidden_layers": p.layers,
+        "num_attention_heads": p.heads,
+        "num_key_value_heads": p.kv_heads,
+        "max_position_embeddings": p.max_len,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "tie_word_embeddings": true,
@@ -161,14 +152,6 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: SftParams = ctx.params()?;
     let seed = p.seed;
     super::use_threads(p.threads);
-    let shape = Shape {
-        layers: p.layers,
-        hidden: p.hidden,
-        heads: p.heads,
-        kv_heads: p.kv_heads,
-        intermediate: p.intermediate,
-        max_len: p.max_len,
-    };
     let (steps, batch_size, warmup, lr) = (p.steps, p.batch_size, p.warmup_steps, p.lr);
     let (min_lr_ratio, weight_decay, clip) = (p.min_lr_ratio, p.weight_decay, p.grad_clip);
     let (eval_n, eval_max_new) = (p.eval_n, p.eval_max_new_tokens);
@@ -215,7 +198,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             row
         };
         let ex = encode_example(&tok, row).with_context(|| format!("{}", train_path.display()))?;
-        if (ex.0.len() + ex.1.len()) as i64 > shape.max_len {
+        if (ex.0.len() + ex.1.len()) as i64 > p.max_len {
             too_long += 1;
             continue;
         }
@@ -224,10 +207,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("examples_skipped_too_long", too_long);
     ctx.count("teacher_skipped_last_step", flawed);
     if examples.is_empty() {
-        bail!("{}: every problem is longer than max_len = {} tokens", train_path.display(), shape.max_len);
+        bail!("{}: every problem is longer than max_len = {} tokens", train_path.display(), p.max_len);
     }
 
-    let cfg = qwen2_config(&shape, &tok)?;
+    let cfg = qwen2_config(&p, &tok)?;
     // host: initialised from the CPU generator, then moved, so the same seed gives the same
     // initial weights on every device (CUDA has its own generator).
     let mut model = DecoderLm::new(&cfg, Device::Cpu);

@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use rredcot::engine::StageContext;
 use rredcot::stages::judge::{finish, prepare};
 
-use super::{load_checkpoint, use_threads};
-use crate::model::{self, ChatMessage, DeviceChoice, DtypeChoice, LoadOptions, SamplingParams};
+use super::{load_policy_on, use_threads};
+use crate::model::{self, ChatMessage, DeviceChoice, DtypeChoice, SamplingParams};
 use rredcot::judge::PlanOptions;
 
 /// The stage's params (stages/judge_local.toml documents them); unknown or mistyped ones are
@@ -47,7 +47,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         stop_strings: vec![],
         stop_token_ids: vec![],
     };
-    let (model, tok) = load_checkpoint(ctx, "judge", &LoadOptions { device: p.device, dtype: p.dtype })?;
+    let (model, tok) = load_policy_on(ctx, "judge", p.device, p.dtype)?;
     let context = model.cfg.max_position_embeddings as usize;
 
     // Encode every vote's conversation; those that cannot fit keep an empty reply.

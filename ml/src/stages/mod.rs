@@ -76,7 +76,17 @@ fn load_policy(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)>
 /// training stage keeps float32 master weights; its `dtype` sets the compute precision,
 /// [`crate::train::step`]).
 fn load_policy_f32(ctx: &StageContext, name: &str, device: model::DeviceChoice) -> Result<(DecoderLm, Tokenizer)> {
-    load_checkpoint(ctx, name, &LoadOptions { device, dtype: model::DtypeChoice::F32 })
+    load_policy_on(ctx, name, device, model::DtypeChoice::F32)
+}
+
+/// The checkpoint wired to input `name` on `device` in `dtype` (a stage's own params).
+fn load_policy_on(
+    ctx: &StageContext,
+    name: &str,
+    device: model::DeviceChoice,
+    dtype: model::DtypeChoice,
+) -> Result<(DecoderLm, Tokenizer)> {
+    load_checkpoint(ctx, name, &LoadOptions { device, dtype })
 }
 
 fn load_checkpoint(ctx: &StageContext, name: &str, opts: &LoadOptions) -> Result<(DecoderLm, Tokenizer)> {

@@ -14,8 +14,8 @@ use rredcot::engine::StageContext;
 
 use super::score_loo::Target;
 use super::traces::{answer_ids, score_attribution, Attribution, Trace};
-use super::{load_checkpoint, use_threads};
-use crate::model::{embedding_grad_l1, DecoderLm, DeviceChoice, DtypeChoice, LoadOptions, Tokenizer};
+use super::{load_policy_on, use_threads};
+use crate::model::{embedding_grad_l1, DecoderLm, DeviceChoice, DtypeChoice, Tokenizer};
 use rredcot::credit::sigma::Normalize;
 
 /// Mean gradient L1 norm per segment.
@@ -53,7 +53,7 @@ pub(super) struct GradParams {
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: GradParams = ctx.params()?;
     use_threads(p.threads);
-    let (model, tok) = load_checkpoint(ctx, "policy", &LoadOptions { device: p.device, dtype: p.dtype })?;
+    let (model, tok) = load_policy_on(ctx, "policy", p.device, p.dtype)?;
     let mut backward = 0i64;
     score_attribution(ctx, "grad", p.normalize, |trace| {
         backward += 1;

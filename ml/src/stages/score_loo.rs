@@ -16,8 +16,8 @@ use anyhow::Result;
 use rredcot::engine::StageContext;
 
 use super::traces::{answer_ids, score_attribution, Attribution, Trace};
-use super::{load_checkpoint, use_threads};
-use crate::model::{logprob, DecoderLm, DeviceChoice, DtypeChoice, LoadOptions, Tokenizer};
+use super::{load_policy_on, use_threads};
+use crate::model::{logprob, DecoderLm, DeviceChoice, DtypeChoice, Tokenizer};
 use rredcot::credit::sigma::Normalize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -68,7 +68,7 @@ fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: LooParams = ctx.params()?;
     use_threads(p.threads);
-    let (model, tok) = load_checkpoint(ctx, "policy", &LoadOptions { device: p.device, dtype: p.dtype })?;
+    let (model, tok) = load_policy_on(ctx, "policy", p.device, p.dtype)?;
     score_attribution(ctx, "loo", p.normalize, |trace| pmi(&model, &tok, trace, &p.answer_template, p.target, p.batch_size))
 }
 

@@ -26,8 +26,8 @@ use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::credit::thinking::reasoning_body;
 use rredcot::engine::StageContext;
 
-use super::{encode_prompt, load_checkpoint, use_threads};
-use crate::model::{score_cuts_naive, score_cuts_reusing, CutRequest, DecoderLm, LoadOptions, PrefixReuse, SharedRows, Tokenizer};
+use super::{encode_prompt, load_policy_on, use_threads};
+use crate::model::{score_cuts_naive, score_cuts_reusing, CutRequest, DecoderLm, PrefixReuse, SharedRows, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -263,7 +263,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let by_id: HashMap<&str, &PromptRow> = prompts.iter().map(|p| (p.id.as_str(), p)).collect();
     let by_key: HashMap<(&str, i32), &RolloutRow> =
         rollouts.iter().map(|r| ((r.prompt_id.as_str(), r.sample_idx), r)).collect();
-    let (model, tok) = load_checkpoint(ctx, "policy", &LoadOptions { device: s.device, dtype: s.dtype })?;
+    let (model, tok) = load_policy_on(ctx, "policy", s.device, s.dtype)?;
 
     // 1. Every row's trace, cuts and targets (errors name the row).
     let mut prepared = Vec::with_capacity(segments.len());
