@@ -3,7 +3,7 @@
 # SEEDS rollout seeds (the SFT policy and the evaluations' seeds are shared). Per training step:
 # wall time and peak RSS of the step's stages (GRPO: rollout + update; RREDCoT: rollout + segment +
 # score + update) and the small per-step eval (the learning curves). Final accuracies come from
-# the quickstart's large final evaluation (`final_*`: avg@4 at temperature 1 on the eval split).
+# the quickstart's large final evaluation (`final_*`: avg@k at temperature 1 on the eval split).
 # Writes bench/results/training.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +68,8 @@ res = {
     "seeds_reaching_grpo_final_acc": f"{sum(1 for s in seeds if runs[s]['rredcot_steps_to_grpo_final'] is not None)}/{len(seeds)}",
     "step_time_ratio_rredcot_vs_grpo": st.mean(ratios),
     "peak_rss_ratio_rredcot_vs_grpo": st.mean(rss_ratios),
-    "metric": "final: avg@4 at temperature 1 on the eval split (final_* stages); curves: avg@4 on its first 100 problems after each step",
+    "metric": f"final: avg@{rec(summ, 'final_grpo')['params']['k']} at temperature 1 on the eval split (final_* stages); "
+              f"curves: avg@{rec(summ, 'eval_base')['params']['k']} on its first {rec(summ, 'eval_base')['params']['limit']} problems after each step",
     "ci95": "Student t over seeds (mean ± t_{0.975,n-1} · sd / sqrt(n)); steps ratio censored at 1 when never reached",
     "per_seed": runs,
 }

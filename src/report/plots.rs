@@ -61,6 +61,13 @@ fn both(stem: &Path, size: (u32, u32), fig: &impl Figure) -> Result<Vec<PathBuf>
     Ok(vec![svg, png])
 }
 
+/// An x tick as a reader writes it: training steps as "3", not "3.0"; fractions to 3 decimals.
+fn tick_label(x: f64) -> String {
+    let s = format!("{x:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.into() }
+}
+
 fn padded(lo: f64, hi: f64) -> std::ops::Range<f64> {
     let (lo, hi) = if lo.is_finite() && hi.is_finite() { (lo, hi) } else { (0.0, 1.0) };
     let pad = ((hi - lo) * 0.05).max(1e-3);
@@ -89,7 +96,14 @@ fn draw_line_chart<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &LineCh
         .y_label_area_size(60)
         .build_cartesian_2d(padded(x0, x1), padded(y0, y1))
         .map_err(e)?;
-    chart.configure_mesh().x_desc(&c.x_desc).y_desc(&c.y_desc).label_style(("sans-serif", 13)).draw().map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc(&c.x_desc)
+        .y_desc(&c.y_desc)
+        .x_label_formatter(&|x| tick_label(*x))
+        .label_style(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
     for s in &c.series {
         let color = s.color;
         let points: Vec<(f64, f64)> = s.points.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()).collect();
@@ -260,5 +274,14 @@ mod tests {
         assert_eq!(sigma_color(-0.5, 1.0).2, 255);
         assert!(heatmap_line(0, "a\nb", 0.25).starts_with("  1  σ=0.250  a⏎ b"));
         assert!(heatmap_line(2, &"x".repeat(200), 0.0).ends_with('…'));
+    }
+
+    #[test]
+    fn ticks_read_like_steps_and_short_fractions() {
+        assert_eq!(tick_label(3.0), "3");
+        assert_eq!(tick_label(10.0), "10");
+        assert_eq!(tick_label(0.30000000000000004), "0.3");
+        assert_eq!(tick_label(-0.0001), "0");
+        assert_eq!(tick_label(2.125), "2.125");
     }
 }
