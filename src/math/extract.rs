@@ -118,6 +118,7 @@ pub fn candidates(response: &str) -> Vec<Candidate> {
     {
         out.extend(sentence_answer(response, last_off + i, 300));
     }
+    out.extend(align_row_tail(response, 300));
     out.extend(latex_envs(response, 300));
     out.extend(plain_numbers(response, 300));
     out.sort_by(|a, b| {
@@ -194,6 +195,39 @@ fn first_answer_at(text: &str, from: usize, priority: u16, window: usize) -> Vec
     latex.into_iter().chain(chosen).chain(sentence).collect()
 }
 
+/// The right-hand side of a response that ends on a row of an `align` environment (`&= 6p^4 +
+/// 5p^2 - 4.` or `&= \sin 3x.\end{align*}`), read whole: it ends after the numbers inside it, so
+/// it is tried first. math-verify finds no LaTeX outside `$..$`/`\[..\]` and reads the last
+/// number (4, 3); this is a deliberate difference (README, data/real-answers/README.md).
+fn align_row_tail(text: &str, priority: u16) -> Option<Candidate> {
+    let mut t = text.trim_end();
+    loop {
+        let before = t.len();
+        for end in ["\\end{align*}", "\\end{align}", "\\]", "$$"] {
+            t = t.strip_suffix(end).unwrap_or(t).trim_end();
+        }
+        if t.len() == before {
+            break;
+        }
+    }
+    let line_start = t.rfind('\n').map_or(0, |i| i + 1);
+    let eq = t[line_start..].rfind("&=")? + line_start;
+    let body = t[eq + 2..].trim().trim_end_matches(['.', ',']).trim_end();
+    // A row written the other way round (`\frac{4}{13} &= y`) ends on its variable.
+    let lone_variable = body.len() == 1 && body.bytes().all(|c| c.is_ascii_alphabetic());
+    if body.is_empty() || body.len() > 120 || body.contains('$') || lone_variable {
+        return None;
+    }
+    let start = eq + 2 + (t[eq + 2..].len() - t[eq + 2..].trim_start().len());
+    Some(Candidate {
+        priority,
+        start,
+        end: text.len(),
+        text: body.to_string(),
+        plain: false,
+    })
+}
+
 /// The rest of the sentence after an answer marker, when it is a plain-text answer: `is
 /// 2^(n-1).`, `is [-1, 1].`, `is 1, 4 and 9.`, `is sqrt(3)`. It ends later than the numbers inside
 /// it, so it is tried first; a sentence that goes on in words (`is 5 because ...`) is no answer
@@ -244,12 +278,14 @@ fn sentence_answer(text: &str, from: usize, priority: u16) -> Option<Candidate> 
     })
 }
 
+/// Words that may stand in a plain-text answer: function names, `pi`, list words.
+pub(crate) const MATH_WORDS: &[&str] = &[
+    "sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "ln", "log",
+    "exp", "pi", "and", "or", "infinity",
+];
+
 /// Every word of `s` is a single letter (a variable), a function name or a list word: `2^(n-1)`, `sqrt(3)`, `1, 4 and 9` are; `5 because 2+3 = 5` is not.
 fn only_math_words(s: &str) -> bool {
-    const WORDS: &[&str] = &[
-        "sqrt", "sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "ln",
-        "log", "exp", "pi", "and", "or", "infinity",
-    ];
     let b = s.as_bytes();
     let mut i = 0;
     while i < b.len() {
@@ -258,7 +294,7 @@ fn only_math_words(s: &str) -> bool {
             while i < b.len() && b[i].is_ascii_alphabetic() {
                 i += 1;
             }
-            if i - start > 1 && !WORDS.contains(&&s[start..i]) {
+            if i - start > 1 && !MATH_WORDS.contains(&&s[start..i]) {
                 return false;
             }
         } else {

@@ -62,6 +62,8 @@ fn sample_env(vars: &[String], k: usize) -> Env {
 struct Read {
     norm: String,
     value: Option<Answer>,
+    /// An answer in words (`\text{even}`, `Monday`): compared as text, case aside.
+    word: bool,
 }
 
 /// Read a normalized answer: numeric, or symbolic when it parses with values for its variables.
@@ -70,6 +72,7 @@ fn read(norm: &str) -> Option<Read> {
         Ok(a) => Some(Read {
             norm: norm.to_string(),
             value: Some(a),
+            word: false,
         }),
         Err(_) => {
             let vars = parse::variables(norm);
@@ -78,14 +81,51 @@ fn read(norm: &str) -> Option<Read> {
                 .map(|_| Read {
                     norm: norm.to_string(),
                     value: None,
+                    word: false,
                 })
         }
     }
 }
 
+/// An answer that is only words (`\text{even}`, `\text{Monday}`, `odd`): each word two letters or
+/// more and no function name, at most three words. math-verify compares such answers as strings.
+fn word_answer(text: &str) -> Option<Read> {
+    let norm = normalize::normalize(text);
+    let words: Vec<&str> = norm.split_whitespace().collect();
+    let ok = !words.is_empty()
+        && words.len() <= 3
+        && words.iter().all(|w| {
+            w.len() >= 2
+                && w.chars().all(|c| c.is_ascii_alphabetic())
+                && !extract::MATH_WORDS.contains(&w.to_ascii_lowercase().as_str())
+        });
+    ok.then(|| Read {
+        norm: words.join(" ").to_lowercase(),
+        value: None,
+        word: true,
+    })
+}
+
+/// A LaTeX span that is one variable and a full stop or comma (`$x.$`, `$\theta,$` ending a
+/// sentence, "for all $x.$"): math-verify cannot parse it and reads an earlier answer instead.
+fn lone_variable_with_stop(text: &str) -> bool {
+    let t = text.trim();
+    let Some(v) = t.strip_suffix(['.', ',']) else {
+        return false;
+    };
+    let v = v.trim();
+    let greek = v
+        .strip_prefix('\\')
+        .is_some_and(|g| parse::GREEK.contains(&g));
+    greek || (v.len() == 1 && v.bytes().all(|c| c.is_ascii_alphabetic()))
+}
+
 /// Is `pred` equivalent to `gold`? Numbers by [`answers_match`]; anything with a variable by
 /// evaluating both at [`SAMPLES`] points (`2^{n-1}` = `2^n/2`, but `2^{m+1}` != `2^m`).
 fn same(gold: &Read, pred: &Read) -> bool {
+    if gold.word || pred.word {
+        return gold.word && pred.word && gold.norm == pred.norm;
+    }
     if let (Some(g), Some(p)) = (&gold.value, &pred.value) {
         return answers_match(g, p);
     }
@@ -116,8 +156,24 @@ fn pick(candidates: &[extract::Candidate]) -> Option<(String, Read)> {
         candidates
             .iter()
             .filter(|c| c.priority == prio)
-            .find_map(|c| read(&normalize::normalize(&c.text)).map(|r| (c.text.clone(), r)))
+            .find_map(|c| read_candidate(c).map(|r| (c.text.clone(), r)))
     })
+}
+
+/// Read one candidate span of a response: `\text{...}` words as words, a lone variable ending a
+/// sentence (`$x.$`) as nothing, anything else by [`read`].
+fn read_candidate(c: &extract::Candidate) -> Option<Read> {
+    if c.plain {
+        return read(&normalize::normalize(&c.text));
+    }
+    if lone_variable_with_stop(&c.text) {
+        return None;
+    }
+    c.text
+        .contains("\\text")
+        .then(|| word_answer(&c.text))
+        .flatten()
+        .or_else(|| read(&normalize::normalize(&c.text)))
 }
 
 /// Read a reference answer: the content of its last `\boxed{}` (or the whole text) when that is
@@ -125,6 +181,7 @@ fn pick(candidates: &[extract::Candidate]) -> Option<(String, Read)> {
 fn read_reference(gold: &str) -> Option<Read> {
     let inner = extract::last_boxed(gold).unwrap_or(gold);
     read(&normalize::normalize(inner))
+        .or_else(|| word_answer(inner))
         .or_else(|| is_sentence(inner).then(|| pick(&extract::candidates(gold)).map(|(_, r)| r))?)
 }
 
@@ -223,7 +280,7 @@ pub fn states_answer(gold: &str, text: &str) -> Option<bool> {
     Some(
         extract::candidates(sentence)
             .iter()
-            .filter_map(|c| read(&normalize::normalize(&c.text)))
+            .filter_map(read_candidate)
             .any(|p| same(&g, &p)),
     )
 }
@@ -372,6 +429,115 @@ mod tests {
         assert!(!verify("\\sec x", "\\frac{1}{\\sin x}"));
         assert!(verify("\\cot x", "\\frac{\\cos x}{\\sin x}"));
         assert!(verify("\\csc x", "1/sin(x)"));
+    }
+
+    // Found on MATH reference solutions' final sentences (tests/python/real_corpus.py), where
+    // math-verify read the gold right and we did not.
+    #[test]
+    fn braced_thousands_separators_join_digits() {
+        let r = "The smallest positive integer in this solution set is $n=8{,}880$.";
+        assert!(!verify_response("8", r).correct);
+        assert!(verify_response("8880", r).correct);
+        assert!(verify("9,\\!240", "9240"));
+    }
+
+    #[test]
+    fn a_lone_variable_ending_a_sentence_is_no_answer() {
+        let r = "Each pair leads to a unique solution $\\theta \\in [0, 2 \\pi],$ so there are $4$ solutions $\\theta.$";
+        assert_eq!(verify_response("4", r).extracted.as_deref(), Some("4"));
+        assert!(verify_response("\\boxed{4}", r).correct);
+        assert!(!verify_response("5", r).correct);
+        let r = "Since $p(x) = 1$ for three distinct values of $x,$ $p(x) = 1$ for all $x.$";
+        assert!(verify_response("1", r).correct);
+        // A variable that is the answer still is one.
+        assert!(verify_response("x", "So the answer is $x$.").correct);
+    }
+
+    #[test]
+    fn answers_in_words_compare_as_words() {
+        let r = "\\[f(-x)g(-x) = f(x)g(x),\\]so $f(x) g(x)$ is an $\\text{even}$ function.";
+        assert!(verify_response("\\boxed{\\text{even}}", r).correct);
+        assert!(verify_response("\\text{even}", r).correct);
+        assert!(!verify_response("\\boxed{\\text{odd}}", r).correct);
+        let r = "This is 8 days away from Sunday, so the day of the week is $\\text{Monday}$.";
+        assert!(verify_response("\\text{Monday}", r).correct);
+        assert!(!verify_response("\\text{Tuesday}", r).correct);
+        assert!(!verify_response("8", r).correct);
+    }
+
+    #[test]
+    fn an_equation_of_tuples_gives_its_right_hand_side() {
+        assert!(verify_response("(2,12)", "Thus $(a,b)=(2,12)$.").correct);
+        assert!(!verify_response("(2,13)", "Thus $(a,b)=(2,12)$.").correct);
+        let r = "Thus, $(m,b) = \\left( \\frac{3}{2}, -13 \\right).$";
+        assert!(verify_response("\\left( \\frac{3}{2}, -13 \\right)", r).correct);
+        assert!(!verify_response("-13", r).correct);
+        // A system stays a system.
+        assert!(verify("x=1, y=2", "1, 2"));
+    }
+
+    #[test]
+    fn unions_of_intervals_and_set_membership() {
+        let gold = "(-\\infty,-4)\\cup(-4,6)\\cup(6,\\infty)";
+        let r = "The denominator equals 0 when $x=6$ or $x=-4$, which means that the domain is $x \\in (-\\infty,-4)\\cup(-4,6)\\cup(6,\\infty)$.";
+        assert!(verify_response(gold, r).correct);
+        assert!(verify_response(&format!("\\boxed{{{gold}}}"), r).correct);
+        assert!(!verify_response("(-\\infty,-4)\\cup(-4,\\infty)", r).correct);
+        assert!(!verify_response("-4", r).correct);
+        assert!(verify(
+            "(-\\infty,0]\\cup[4,\\infty)",
+            "x \\in (-\\infty, 0] \\cup [4, \\infty)"
+        ));
+        assert!(!verify(
+            "(-\\infty,0]\\cup[4,\\infty)",
+            "(-\\infty, 0) \\cup [4, \\infty)"
+        ));
+    }
+
+    #[test]
+    fn a_base_subscript_is_read_as_math_verify_reads_it() {
+        let r = "Thus, the answer is $40_9.$";
+        assert!(verify_response("40_9", r).correct);
+        assert!(verify_response("\\boxed{40_9}", r).correct);
+        assert!(!verify_response("41_9", r).correct);
+        assert!(verify("0.0011_{2}", "0.0011_2"));
+    }
+
+    #[test]
+    fn matrices_and_vectors_compare_entry_by_entry() {
+        let gold = "\\begin{pmatrix} -4/9 \\\\ 1/9 \\\\ 8/9 \\end{pmatrix}";
+        let r = "\\[\\bold{d} = \\begin{pmatrix} -4/9 \\\\ 1/9 \\\\ 8/9 \\end{pmatrix}.\\]";
+        assert!(verify_response(gold, r).correct);
+        assert!(
+            !verify_response("\\begin{pmatrix} -4/9 \\\\ 1/9 \\\\ 7/9 \\end{pmatrix}", r).correct
+        );
+        assert!(!verify_response("8/9", r).correct);
+        let gold = "\\begin{pmatrix} 0 & -15 \\\\ -2 & -4 \\end{pmatrix}";
+        assert!(verify(
+            gold,
+            "\\begin{pmatrix} 0 & -15 \\\\ -2 & -4 \\end{pmatrix}"
+        ));
+        assert!(!verify(
+            gold,
+            "\\begin{pmatrix} 0 & -2 \\\\ -15 & -4 \\end{pmatrix}"
+        ));
+        assert!(!verify(gold, "-4"));
+    }
+
+    #[test]
+    fn a_final_align_row_is_read_whole() {
+        let r = "\\begin{align*}\n(3p^3 - 5p + 6) + (4 - 6p^2 + 2p) &= 3p^3 - 6p^2 - 3p + 10\n&= 6p^4 + 5p^2 - 4.\\end{align*}";
+        assert_eq!(
+            verify_response("0", r).extracted.as_deref(),
+            Some("6p^4 + 5p^2 - 4")
+        );
+        assert!(verify_response("6p^4 + 5p^2 - 4", r).correct);
+        assert!(!verify_response("4", r).correct);
+        assert!(verify_response("\\sin 3x", "&= \\sin 3x.").correct);
+        // A row written the other way round ends on its variable, not on the answer.
+        let r = "\\begin{align*}\n3y + 2 &= 4 - 10y \\\\\n\\frac{4}{13} &= y\n\\end{align*}";
+        assert!(verify_response("\\frac{4}{13}", r).correct);
+        assert!(!verify_response("3", "&= \\sin 3x.").correct);
     }
 
     #[test]

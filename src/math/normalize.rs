@@ -41,7 +41,7 @@ const DROP: &[&str] = &[
 
 /// Normalize one answer (the content of a box, or a matched LaTeX/number span).
 pub fn normalize(answer: &str) -> String {
-    let mut s = answer.replace(['\n', '\t'], " ");
+    let mut s = matrices(&answer.replace(['\n', '\t'], " "));
     for cmd in ["\\dfrac", "\\tfrac", "\\cfrac"] {
         s = s.replace(cmd, "\\frac");
     }
@@ -56,7 +56,9 @@ pub fn normalize(answer: &str) -> String {
     for d in DROP {
         s = s.replace(d, "");
     }
-    s = s.replace("\\ ", " ").replace("{,}", ",");
+    s = s.replace("\\ ", " ");
+    s = digit_groups(&s).replace("{,}", ",");
+    s = drop_base_subscripts(&s);
     s = s.replace("\\%", "%");
     s = replace_words(&s, &["percentage", "percent", "pct"], "%");
     s = strip_trailing_text(&s);
@@ -65,10 +67,109 @@ pub fn normalize(answer: &str) -> String {
     s = s.replace("infinity", "\\infty");
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
     let s = join_alternatives(&s);
+    let s = strip_membership(s.trim());
     let s = s.trim().trim_end_matches(['.', ',']).trim();
     match s.strip_prefix('.') {
         Some(rest) => format!("0.{rest}"),
         None => s.to_string(),
+    }
+}
+
+/// `\begin{pmatrix} a & b \\ c & d \end{pmatrix}` (or `bmatrix`) -> `((a, b), (c, d))`; a single
+/// row or column -> `(a, b)`. math-verify reads a matrix as a matrix; a tuple of tuples compares
+/// the same way, entry by entry.
+fn matrices(s: &str) -> String {
+    let mut out = s.to_string();
+    for kind in ["pmatrix", "bmatrix"] {
+        let (open, close) = (format!("\\begin{{{kind}}}"), format!("\\end{{{kind}}}"));
+        while let Some(i) = out.find(&open) {
+            let Some(j) = out[i..].find(&close).map(|j| i + j) else {
+                break;
+            };
+            let body = &out[i + open.len()..j];
+            let rows: Vec<Vec<String>> = body
+                .split("\\\\")
+                .map(|r| {
+                    r.split('&')
+                        .map(|c| c.trim().to_string())
+                        .collect::<Vec<_>>()
+                })
+                .filter(|r| r.iter().any(|c| !c.is_empty()))
+                .collect();
+            let text = if rows.len() == 1 || rows.iter().all(|r| r.len() == 1) {
+                format!("({})", rows.concat().join(", "))
+            } else {
+                let inner: Vec<String> =
+                    rows.iter().map(|r| format!("({})", r.join(", "))).collect();
+                format!("({})", inner.join(", "))
+            };
+            out.replace_range(i..j + close.len(), &text);
+        }
+    }
+    out
+}
+
+/// `8{,}880` -> `8880`: a braced comma between digits and a group of three is a thousands
+/// separator (math-verify reads `n=8{,}880` as a set {8, 880}; the author meant 8880).
+fn digit_groups(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("{,}") {
+        let before = rest[..i].chars().last().is_some_and(|c| c.is_ascii_digit());
+        let after = &rest[i + 3..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        out.push_str(&rest[..i]);
+        if !(before && digits == 3) {
+            out.push_str("{,}");
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `40_9`, `0.0011_{2}` -> `40`, `0.0011`: a base written as a subscript of a number is dropped,
+/// as math-verify does (both sides read the digits).
+fn drop_base_subscripts(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'_' && i > 0 && b[i - 1].is_ascii_digit() {
+            let (body, skip) = match b.get(i + 1) {
+                Some(b'{') => match s[i + 2..].find('}') {
+                    Some(k) => (&s[i + 2..i + 2 + k], k + 3),
+                    None => ("", 0),
+                },
+                _ => {
+                    let n = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+                    (&s[i + 1..i + 1 + n], n + 1)
+                }
+            };
+            if !body.is_empty() && body.bytes().all(|c| c.is_ascii_digit()) {
+                i += skip;
+                continue;
+            }
+        }
+        let c = s[i..].chars().next().unwrap_or(' ');
+        out.push(c);
+        i += c.len_utf8();
+    }
+    out
+}
+
+/// `x \in (-\infty, 0] \cup [4, \infty)` -> the set after `\in` (math-verify reads the equation
+/// `x = set` and compares its right-hand side).
+fn strip_membership(s: &str) -> &str {
+    let Some(i) = s.find("\\in ") else {
+        return s;
+    };
+    let lhs = s[..i].trim();
+    let var = lhs.len() == 1 && lhs.bytes().all(|c| c.is_ascii_alphabetic());
+    if var {
+        s[i + 4..].trim()
+    } else {
+        s
     }
 }
 

@@ -25,7 +25,7 @@ const FUNCTIONS: &[&str] = &[
 ];
 
 /// Greek-letter commands read as variables.
-const GREEK: &[&str] = &[
+pub(crate) const GREEK: &[&str] = &[
     "alpha",
     "beta",
     "gamma",
@@ -198,6 +198,15 @@ impl<'a> Parser<'a> {
         }
     }
 
+    fn eat_cmd(&mut self, name: &str) -> bool {
+        if matches!(self.peek(), Some(Tok::Cmd(c)) if c == name) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
     fn expect_sym(&mut self, c: char) -> Result<(), ParseError> {
         if self.eat_sym(c) {
             Ok(())
@@ -219,7 +228,8 @@ impl<'a> Parser<'a> {
     /// Comma-separated items until one of `closers` (not consumed).
     fn list(&mut self) -> Result<Vec<Answer>, ParseError> {
         let mut items = vec![self.item()?];
-        while self.eat_sym(',') || self.eat_sym(';') {
+        // A union of intervals is the set of its parts (`(-\infty, 0] \cup [4, \infty)`).
+        while self.eat_sym(',') || self.eat_sym(';') || self.eat_cmd("cup") {
             items.push(self.item()?);
         }
         Ok(items)
@@ -716,9 +726,15 @@ fn equation_rhs_parts(s: &str) -> Vec<String> {
 
 /// `x = 5` -> `5`; `a = b = 7` -> `7`. Leaves `\le`/`\ge`/`!=` alone.
 fn last_equation_rhs(s: &str) -> &str {
-    if s.contains(',') || s.contains(';') {
-        // `x=1, y=2` is a system, not a chain.
-        return s;
+    // `x=1, y=2` is a system, not a chain; `(a, b) = (2, 12)` is one equation of tuples.
+    let mut depth = 0i32;
+    for c in s.chars() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            ',' | ';' if depth == 0 => return s,
+            _ => {}
+        }
     }
     let bytes = s.as_bytes();
     let mut cut = None;
