@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use anyhow::{anyhow, bail};
 
-use super::prompt_text::normalized_hash;
+use crate::prompt_text::normalized_hash;
 use super::skipped::{self, SkippedRow};
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{read_rows, write_rows, Schema};
@@ -233,12 +233,18 @@ mod tests {
             Some(Rule::NoAnswer)
         );
         assert_eq!(
+            j(&row("p1", Some("so it is 1/2"), Some("\\frac{1}{"))),
+            Some(Rule::UnparseableAnswer)
+        );
+        // A gold in words is read as words now (issue 18), and a solution that states no answer
+        // does not state it.
+        assert_eq!(
             j(&row(
                 "p1",
                 Some("so it is Tuesday"),
                 Some("\\text{Tuesday}")
             )),
-            Some(Rule::UnparseableAnswer)
+            Some(Rule::AnswerMismatch)
         );
         assert_eq!(
             j(&row("p1", Some("1 + 1 = 2"), Some("3"))),
