@@ -6,6 +6,7 @@
 //! - [`stages`]: builtin stage functions
 //! - [`analysis`]: the paper's analysis figures (Fig. 3, 4, 7) from scored traces
 //! - [`math`]: math answer verifier (extraction, normalization, equivalence)
+//! - [`prompt_text`]: a prompt's problem text and the normalized hash that identifies a problem
 //! - [`judge`]: the LLM judge ensemble (templates, votes, OpenAI-compatible client, reply cache)
 //!
 //! This package never depends on tch: the model core and ML stages are the `rredcot-ml` package
@@ -20,6 +21,7 @@ pub use rredcot_engine as engine;
 pub mod evaluation;
 pub mod judge;
 pub mod math;
+pub mod prompt_text;
 pub mod report;
 pub mod stages;
 

@@ -1,6 +1,7 @@
 //! rredcot-ml: everything that links libtorch.
 //!
 //! - [`model`]: tch decoder LMs (Qwen2, Qwen3, Llama), weights, tokenizer, generation, scoring
+//! - [`traces`]: a trace as the policy sees it (prompt ids, rollout/segment joins, y* targets)
 //! - [`train`]: the policy-gradient loss with per-token credit, resumable AdamW, LR schedule
 //! - [`stages`]: builtin stages that need the model; [`stages::FULL_RUNTIME`] is what
 //!   `rredcot-worker` runs (the engine binary `rredcot` hands those instances to it)
@@ -9,6 +10,7 @@
 pub mod model;
 pub mod serve;
 pub mod stages;
+pub mod traces;
 pub mod train;
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ impl Run {
         }
         // The stages' default answer_template.
         let y = tok.encode(&format!("\nThe answer is {}.", self.gold(i).trim())).unwrap();
-        (rredcot_ml::stages::encode_prompt(tok, prompt).unwrap(), comp, y)
+        (rredcot_ml::traces::encode_prompt(tok, prompt).unwrap(), comp, y)
     }
 
     /// Segment bounds of trace i clamped to `n` completion tokens.

@@ -111,7 +111,7 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     let tok = m.tokenizer.as_ref().unwrap();
     let (r0, s0) = (&rollouts[0], &segs[0]);
     let prompt = prompts.iter().find(|p| p.id == r0.prompt_id).unwrap();
-    let pids = rredcot_ml::stages::encode_prompt(tok, prompt).unwrap();
+    let pids = rredcot_ml::traces::encode_prompt(tok, prompt).unwrap();
     let mut comp: Vec<i64> = r0.completion_ids[..r0.cot_len()].iter().map(|&t| t as i64).collect();
     if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
         comp.pop();

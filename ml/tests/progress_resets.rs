@@ -10,7 +10,7 @@ use std::process::Command;
 use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use rredcot::artifact::{read_rows, Schema};
 use rredcot_ml::model::{self, ChatMessage};
-use rredcot_ml::stages::encode_prompt;
+use rredcot_ml::traces::encode_prompt;
 use serde_json::Value;
 
 mod common;
@@ -170,7 +170,7 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
                 format!("Step {}: {}", i + 1, tok.decode(&comp[a..b], true).unwrap().trim())
             })
             .collect();
-        let ask = template.replace("{question}", &rredcot::stages::prompt_text::prompt_text(&p.prompt)).replace("{steps}", &steps.join("\n"));
+        let ask = template.replace("{question}", &rredcot::prompt_text::prompt_text(&p.prompt)).replace("{steps}", &steps.join("\n"));
         let ctx = tok.encode_chat(&[ChatMessage::new("user", &ask)], true).unwrap();
         let lps: Vec<f64> = (1..=steps.len())
             .map(|i| {

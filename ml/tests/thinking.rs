@@ -214,7 +214,7 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
     let mut gaps = Vec::new();
     for (row, r) in scores.iter().zip(&rollouts) {
         let prompt = prompts.iter().find(|q| q.id == r.prompt_id).unwrap();
-        let pids = rredcot_ml::stages::encode_prompt(tok, prompt).unwrap();
+        let pids = rredcot_ml::traces::encode_prompt(tok, prompt).unwrap();
         let y = tok
             .encode(&TEMPLATE.replace("{answer}", prompt.answer.as_deref().unwrap()))
             .unwrap();
@@ -261,7 +261,7 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
         read_rows(&output(&store, &s, "loo", "scores"), Schema::Scores).unwrap();
     for ((row, r), sg) in loo.iter().zip(&rollouts).zip(&segs) {
         let prompt = prompts.iter().find(|q| q.id == r.prompt_id).unwrap();
-        let pids = rredcot_ml::stages::encode_prompt(tok, prompt).unwrap();
+        let pids = rredcot_ml::traces::encode_prompt(tok, prompt).unwrap();
         let y = tok
             .encode(&TEMPLATE.replace("{answer}", prompt.answer.as_deref().unwrap()))
             .unwrap();

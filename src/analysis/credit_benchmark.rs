@@ -33,7 +33,7 @@ use crate::artifact::{read_rows, read_table_columns, Schema};
 use crate::engine::StageContext;
 use crate::report::plots::{self, Bar};
 use crate::report::{figures_section, members, provenance};
-use crate::stages::prompt_text::prompt_text;
+use crate::prompt_text::prompt_text;
 
 /// How a method blames the segments of an incorrect trace (param `blame`, per member label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,6 @@ pub mod filter;
 pub mod import;
 pub mod judge;
 pub mod locate_errors;
-pub mod prompt_text;
 pub mod segment;
 pub mod skipped;
 pub mod taskgen;

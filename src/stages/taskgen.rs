@@ -25,7 +25,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use super::prompt_text::{normalize, normalized_hash};
+use crate::prompt_text::{normalize, normalized_hash};
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{write_rows, Schema};
 use crate::credit::thinking::{THINK_CLOSE, THINK_OPEN};

@@ -21,7 +21,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 
-use super::prompt_text::prompt_text;
+use crate::prompt_text::prompt_text;
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{read_rows, Schema};
 use crate::credit::thinking::{THINK_CLOSE, THINK_OPEN};

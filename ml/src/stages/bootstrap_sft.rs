@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use rredcot::artifact::rows::PromptRow;
 use rredcot::artifact::{read_rows, Schema};
 use rredcot::engine::StageContext;
-use rredcot::stages::prompt_text::prompt_text;
+use rredcot::prompt_text::prompt_text;
 use rredcot::stages::taskgen::solution_skipping_last_step;
 use tch::nn::OptimizerConfig;
 use tch::{nn, Device, Kind, Tensor};

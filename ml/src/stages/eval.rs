@@ -9,7 +9,7 @@ use rredcot::artifact::rows::{EvalRow, PromptRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::StageContext;
 use rredcot::evaluation::{summarize, Grader};
-use rredcot::stages::prompt_text::prompt_text;
+use rredcot::prompt_text::prompt_text;
 
 use super::sampling::{plan_jobs, sample_jobs, sampling_params, split_answer, window, OnBadPrompt, Thinking};
 use super::{load_sampler, set_threads};

@@ -12,7 +12,7 @@
 //!
 //! `traces = "incorrect"` resets only traces with reward 0 (SRPO's setting), `"all"` every trace.
 //! A reset group's prompt row copies the original with id `<prompt id>#<sample>@<t>` and carries
-//! the prefix ids in its `meta` (`reset_prefix_ids`), which [`super::encode_prompt`] appends, so
+//! the prefix ids in its `meta` (`reset_prefix_ids`), which [`crate::traces::encode_prompt`] appends, so
 //! `update`, the scorers and a later `rollout` all see prompt + prefix as the context and the
 //! continuation as the completion. Outputs: `prompts` and `rollouts` (the originals, then the reset
 //! groups; `include_original = false` keeps only the resets) and a `resets` table. Resets fall
@@ -28,12 +28,13 @@ use rand_chacha::ChaCha8Rng;
 use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{write_rows, write_table, Schema};
 use rredcot::engine::StageContext;
-use rredcot::stages::prompt_text::prompt_text;
+use rredcot::prompt_text::prompt_text;
 use serde::Serialize;
 
 use super::sampling::{engine_entropies, row_seed, sample_seeded, sampling_params, split_answer, Sampler, Thinking};
-use super::traces::{Trace, TraceInputs, TraceTokens};
-use super::{load_policy, load_sampler, set_threads, RESET_PREFIX_KEY};
+use crate::traces::{Trace, TraceInputs, TraceTokens};
+use super::{load_policy, load_sampler, set_threads};
+use crate::traces::RESET_PREFIX_KEY;
 use crate::model::{logprob, ChatMessage, DecoderLm, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize)]

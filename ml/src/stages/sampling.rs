@@ -15,7 +15,7 @@ use rredcot::engine::StageContext;
 use std::path::Path;
 use std::time::Instant;
 
-use super::encode_prompt;
+use crate::traces::encode_prompt;
 use super::http_backend::{plan_requests, topk_entropy, HttpSampler};
 use crate::model::{self, DecoderLm, Generation, SamplingParams, Tokenizer};
 

@@ -15,7 +15,7 @@
 use anyhow::Result;
 use rredcot::engine::StageContext;
 
-use super::traces::{answer_ids, score_attribution, Attribution, Trace};
+use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
 use super::{load_policy_on, use_threads};
 use crate::model::{logprob, DecoderLm, DeviceChoice, DtypeChoice, Tokenizer};
 use rredcot::credit::sigma::Normalize;

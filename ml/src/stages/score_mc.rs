@@ -29,7 +29,7 @@ use rredcot::math::extract;
 use serde::{Deserialize, Serialize};
 
 use super::sampling::{row_seed, sample_seeded, sampling_params, split_answer, Thinking};
-use super::traces::{write_scores, TraceInputs};
+use crate::traces::{write_scores, TraceInputs};
 use super::{load_sampler, set_threads};
 use crate::model::FinishReason;
 

@@ -17,7 +17,7 @@ use anyhow::Result;
 use rredcot::engine::StageContext;
 
 use super::score_mc::mc_values;
-use super::traces::{answer_ids, score_attribution, Attribution, Trace};
+use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
 use super::{load_policy, set_threads};
 use crate::model::{logprob, DecoderLm, Tokenizer};
 

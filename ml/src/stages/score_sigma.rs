@@ -26,7 +26,8 @@ use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::credit::thinking::reasoning_body;
 use rredcot::engine::StageContext;
 
-use super::{encode_prompt, load_policy_on, use_threads};
+use super::{load_policy_on, use_threads};
+use crate::traces::encode_prompt;
 use crate::model::{score_cuts_naive, score_cuts_reusing, CutRequest, DecoderLm, PrefixReuse, SharedRows, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

@@ -31,7 +31,8 @@ use rredcot::engine::StageContext;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use super::{encode_prompt, load_policy_f32, use_threads};
+use super::{load_policy_f32, use_threads};
+use crate::traces::encode_prompt;
 use crate::model::{self, DeviceChoice, LoadOptions};
 use crate::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
 use crate::train::loss::{check_credit_with_is, dapo_tokens_per_step, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};

@@ -3,6 +3,9 @@
 //! trace's token ids as the policy sees them, the y* target, and the `scores` row with σ
 //! normalized exactly as `score_sigma` does ([`rredcot::credit::sigma::normalize`]).
 //!
+//! Also the prompt ids every ML stage gives the policy ([`encode_prompt`]: rollout, scoring and
+//! update must agree on them).
+//!
 //! Must not know any one method: each scorer computes its per-segment values and σ^unnorm.
 
 use std::collections::HashMap;
@@ -16,8 +19,7 @@ use rredcot::credit::segmentation::checked_ends;
 use rredcot::credit::sigma::{self, Normalize};
 use rredcot::engine::StageContext;
 
-use super::encode_prompt;
-use crate::model::Tokenizer;
+use crate::model::{ChatMessage, Tokenizer};
 
 /// The `prompts`, `rollouts` and `segments` inputs of a scorer.
 pub struct TraceInputs {
@@ -183,4 +185,66 @@ pub fn score_attribution(ctx: &mut StageContext, method: &str, normalize: Normal
     ctx.count("forward_tokens", positions as i64);
     ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / rows.len().max(1) as f64);
     write_scores(ctx, &rows, fell_back, normalize)
+}
+
+/// The chat of a `prompts.prompt` value: its messages when it is a JSON chat, else one user turn.
+fn prompt_messages(prompt: &str) -> Vec<ChatMessage> {
+    if let Ok(serde_json::Value::Array(msgs)) = serde_json::from_str::<serde_json::Value>(prompt.trim_start()) {
+        let chat: Vec<ChatMessage> = msgs
+            .iter()
+            .filter_map(|m| Some(ChatMessage::new(m.get("role")?.as_str()?, m.get("content")?.as_str()?)))
+            .collect();
+        if !chat.is_empty() {
+            return chat;
+        }
+    }
+    vec![ChatMessage::new("user", prompt)]
+}
+
+/// The `meta` key of a reset prompt (stage `reset`) holding the trace prefix it continues.
+pub const RESET_PREFIX_KEY: &str = "reset_prefix_ids";
+
+/// Prompt token ids as the policy sees them (chat template + assistant header, then a reset
+/// prompt's trace prefix). Rollout, scoring and update must agree on this, so all call it.
+pub fn encode_prompt(tok: &Tokenizer, row: &PromptRow) -> Result<Vec<i64>> {
+    let mut ids = tok.encode_chat(&prompt_messages(&row.prompt), true)?;
+    ids.extend(reset_prefix(row)?);
+    Ok(ids)
+}
+
+/// The reset prefix in a prompt's `meta` (empty for an ordinary prompt, or a meta that is not a
+/// JSON object: meta is free-form elsewhere).
+fn reset_prefix(row: &PromptRow) -> Result<Vec<i64>> {
+    if !row.meta.contains(RESET_PREFIX_KEY) {
+        return Ok(Vec::new());
+    }
+    let Ok(serde_json::Value::Object(meta)) = serde_json::from_str::<serde_json::Value>(&row.meta) else {
+        return Ok(Vec::new());
+    };
+    match meta.get(RESET_PREFIX_KEY) {
+        None => Ok(Vec::new()),
+        Some(v) => serde_json::from_value(v.clone()).with_context(|| format!("prompt {}: meta `{RESET_PREFIX_KEY}` is not a list of token ids", row.id)),
+    }
+}
+
+#[cfg(test)]
+mod prompt_tests {
+    #[test]
+    fn chat_prompts_keep_their_roles_and_plain_text_is_a_user_turn() {
+        let m = super::prompt_messages(r#"[{"role":"system","content":"be brief"},{"role":"user","content":"2+2?"}]"#);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].role.as_str(), m[1].content.as_str()), ("system", "2+2?"));
+        let m = super::prompt_messages("What is 2+2?");
+        assert_eq!((m.len(), m[0].role.as_str()), (1, "user"));
+    }
+
+    #[test]
+    fn a_reset_prompt_carries_its_prefix_and_other_metas_none() {
+        let row = |meta: &str| rredcot::artifact::rows::PromptRow { id: "p#0@2".into(), prompt: "q".into(), answer: None, solution: None, source: "s".into(), meta: meta.into() };
+        assert_eq!(super::reset_prefix(&row(r#"{"reset_prefix_ids": [5, 6, 7], "split": "eval"}"#)).unwrap(), vec![5, 6, 7]);
+        assert!(super::reset_prefix(&row(r#"{"split": "eval"}"#)).unwrap().is_empty());
+        assert!(super::reset_prefix(&row("not json reset_prefix_ids")).unwrap().is_empty());
+        let err = super::reset_prefix(&row(r#"{"reset_prefix_ids": "abc"}"#)).unwrap_err().to_string();
+        assert!(err.contains("p#0@2") && err.contains("reset_prefix_ids"), "{err}");
+    }
 }
