@@ -395,37 +395,47 @@ struct ModelAnswer {
     mv_boxed: bool,
 }
 
-fn load_model_answers(root: &Path) -> Vec<ModelAnswer> {
-    let path = root.join(MODEL_ANSWERS);
+/// One line of a committed JSONL corpus, with its place for error messages.
+struct JsonlRow<'a> {
+    row: serde_json::Value,
+    path: &'a Path,
+    line: usize,
+}
+
+impl JsonlRow<'_> {
+    fn s(&self, k: &str) -> String {
+        let at = || format!("{}:{}", self.path.display(), self.line);
+        self.row[k].as_str().unwrap_or_else(|| panic!("{}: no string {k}", at())).to_string()
+    }
+    fn b(&self, k: &str) -> bool {
+        self.row[k].as_bool().unwrap_or_else(|| panic!("{}:{}: no bool {k}", self.path.display(), self.line))
+    }
+}
+
+/// Every non-empty line of the JSONL file `root/rel`, read by `f`.
+fn read_jsonl<T>(root: &Path, rel: &str, f: impl Fn(&JsonlRow) -> T) -> Vec<T> {
+    let path = root.join(rel);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, line)| {
-            let row: serde_json::Value = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), i + 1));
-            let s = |k: &str| {
-                row[k]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("{}:{}: no string {k}", path.display(), i + 1))
-                    .to_string()
-            };
-            let b = |k: &str| {
-                row[k]
-                    .as_bool()
-                    .unwrap_or_else(|| panic!("{}:{}: no bool {k}", path.display(), i + 1))
-            };
-            ModelAnswer {
-                id: s("id"),
-                gold: s("gold"),
-                response: s("response"),
-                mv_extracted: b("math_verify_extracted"),
-                mv_answer: s("math_verify_answer"),
-                mv_plain: b("math_verify_plain"),
-                mv_boxed: b("math_verify_boxed"),
-            }
+            let row = serde_json::from_str(line).unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), i + 1));
+            f(&JsonlRow { row, path: &path, line: i + 1 })
         })
         .collect()
+}
+
+fn load_model_answers(root: &Path) -> Vec<ModelAnswer> {
+    read_jsonl(root, MODEL_ANSWERS, |r| ModelAnswer {
+        id: r.s("id"),
+        gold: r.s("gold"),
+        response: r.s("response"),
+        mv_extracted: r.b("math_verify_extracted"),
+        mv_answer: r.s("math_verify_answer"),
+        mv_plain: r.b("math_verify_plain"),
+        mv_boxed: r.b("math_verify_boxed"),
+    })
 }
 
 /// Our verdicts on the model answers, by gold convention, and who extracts anything.
@@ -613,36 +623,15 @@ struct Case {
 }
 
 fn load_cases(root: &Path) -> Vec<Case> {
-    let path = root.join(MV_CASES);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, line)| {
-            let row: serde_json::Value = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), i + 1));
-            let s = |k: &str| {
-                row[k]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("{}:{}: no string {k}", path.display(), i + 1))
-                    .to_string()
-            };
-            let b = |k: &str| {
-                row[k]
-                    .as_bool()
-                    .unwrap_or_else(|| panic!("{}:{}: no bool {k}", path.display(), i + 1))
-            };
-            Case {
-                id: s("id"),
-                gold: s("gold"),
-                gold_as_written: s("gold_as_written"),
-                response: s("response"),
-                expected: b("expected"),
-                mv_boxed: b("math_verify_boxed"),
-                mv_as_written: b("math_verify_as_written"),
-            }
-        })
-        .collect()
+    read_jsonl(root, MV_CASES, |r| Case {
+        id: r.s("id"),
+        gold: r.s("gold"),
+        gold_as_written: r.s("gold_as_written"),
+        response: r.s("response"),
+        expected: r.b("expected"),
+        mv_boxed: r.b("math_verify_boxed"),
+        mv_as_written: r.b("math_verify_as_written"),
+    })
 }
 
 #[derive(Default)]
