@@ -404,11 +404,13 @@ struct JsonlRow<'a> {
 
 impl JsonlRow<'_> {
     fn s(&self, k: &str) -> String {
-        let at = || format!("{}:{}", self.path.display(), self.line);
-        self.row[k].as_str().unwrap_or_else(|| panic!("{}: no string {k}", at())).to_string()
+        self.row[k].as_str().unwrap_or_else(|| panic!("{}: no string {k}", self.at())).to_string()
     }
     fn b(&self, k: &str) -> bool {
-        self.row[k].as_bool().unwrap_or_else(|| panic!("{}:{}: no bool {k}", self.path.display(), self.line))
+        self.row[k].as_bool().unwrap_or_else(|| panic!("{}: no bool {k}", self.at()))
+    }
+    fn at(&self) -> String {
+        format!("{}:{}", self.path.display(), self.line)
     }
 }
 
