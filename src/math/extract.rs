@@ -54,6 +54,158 @@ pub fn last_boxed(text: &str) -> Option<&str> {
     Some(text[open + 1..].trim())
 }
 
+/// The answer of the last `\boxed{}`/`\fbox{}` and of the boxes just before it that belong to
+/// it, joined by commas, with the byte span from the first joined box to the end of the last
+/// (math-verify's `extract_boxed_content(mode="last")`): walking back from the last box, an
+/// earlier box joins when fewer than 10 characters separate the two, or fewer than 70 holding
+/// "and", "or", `,` or `;` and the two contents differ (`\boxed{1}, \boxed{2}`, `y_1 =
+/// \boxed{A} \) and \( y_2 = \boxed{B}`). A box inside another (`\boxed{\boxed{7}}`) gives its
+/// inner content; an unclosed last box runs to the end of the text. When the last box lies in a
+/// LaTeX environment, the answer is every box of that environment and of the environments joined
+/// to it by "and", "or" or `,` (`$\boxed{1}$ but then $\boxed{2}$` gives 2; `\(\boxed{1}\) and
+/// \(\boxed{-2}\)` gives 1,-2).
+pub fn boxed_group_span(text: &str) -> Option<(String, usize, usize)> {
+    let Some(last) = text.rfind("\\boxed") else {
+        return boxed_walk(text, false);
+    };
+    // The LaTeX environments (`$..$`, `\[..\]`, ...), not bare `\frac` spans.
+    let envs: Vec<(usize, usize)> = latex_envs(text, 0)
+        .into_iter()
+        .filter(|c| {
+            text[c.start..].starts_with(['$', '\\']) && !text[c.start..].starts_with("\\frac")
+        })
+        .map(|c| (c.start, c.end))
+        .collect();
+    let boxed_env = |&(s, e): &(usize, usize)| text[s..e].contains("\\boxed{");
+    // math-verify's environment match ends after its closing delimiter, its bare `\boxed{.+}`
+    // match at the last `}`: the later end is read.
+    let plain_end = text.rfind('}').map_or(0, |i| i + 1);
+    if let Some(k) = envs
+        .iter()
+        .position(|&(s, e)| s <= last && last < e && e > plain_end)
+    {
+        // Environments holding boxes joined by "and", "or" or `,` are one answer (at most 6,
+        // grouped from the left as math-verify's regex matches them).
+        let mut first = k;
+        while first > 0
+            && boxed_env(&envs[first - 1])
+            && is_env_joiner(&text[envs[first - 1].1..envs[first].0])
+        {
+            first -= 1;
+        }
+        let first = first + (k - first) / 6 * 6;
+        let parts: Vec<String> = envs[first..=k]
+            .iter()
+            .filter_map(|&(s, e)| boxed_walk(&text[s..e], true).map(|g| g.0))
+            .collect();
+        return Some((parts.join(","), envs[first].0, envs[k].1));
+    }
+    boxed_walk(text, false)
+}
+
+/// `\s*(,?and|,?or|,)\s*` between two LaTeX environments (math-verify's joiner).
+fn is_env_joiner(gap: &str) -> bool {
+    matches!(gap.trim(), "," | "and" | "or" | ",and" | ",or")
+}
+
+/// math-verify's `extract_boxed_content`: the boxes walking back from the last one, all of them
+/// (`all`, inside one environment) or those that join by the rule of [`boxed_group_span`].
+fn boxed_walk(text: &str, all: bool) -> Option<(String, usize, usize)> {
+    let mut parts: Vec<&str> = Vec::new();
+    let mut limit = text.len();
+    let mut max_pos = text.len();
+    let mut later_start: Option<usize> = None;
+    let mut first_start = 0;
+    let mut end = text.len();
+    loop {
+        let b = text[..limit].rfind("\\boxed");
+        let f = text[..limit].rfind("\\fbox");
+        let (start, len) = match (b, f) {
+            (Some(b), Some(f)) if f > b => (f, 5),
+            (Some(b), _) => (b, 6),
+            (None, Some(f)) => (f, 5),
+            (None, None) => break,
+        };
+        let rest = text[start + len..max_pos].trim_start();
+        let open = max_pos - rest.len();
+        if rest.is_empty() {
+            break;
+        }
+        if !rest.starts_with('{') {
+            if parts.is_empty() {
+                parts.push(text[open..].trim());
+                first_start = start;
+            }
+            break;
+        }
+        let mut depth = 0usize;
+        let close = text[open..max_pos].char_indices().find_map(|(i, c)| {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(open + i);
+                    }
+                }
+                _ => {}
+            }
+            None
+        });
+        let Some(close) = close else {
+            if parts.is_empty() {
+                parts.push(text[open + 1..].trim());
+                first_start = start;
+            }
+            break;
+        };
+        let content = text[open + 1..close].trim();
+        if let (Some(next), false) = (later_start, all) {
+            let between = &text[close + 1..next];
+            let n = between.chars().count();
+            let joins =
+                n < 10 || (parts.last() != Some(&content) && n < 70 && has_list_separator(between));
+            if !joins {
+                break;
+            }
+        }
+        if later_start.is_none() {
+            end = close + 1;
+        }
+        if parts.last() != Some(&content) {
+            parts.push(content);
+        }
+        first_start = start;
+        later_start = Some(start);
+        max_pos = start;
+        limit = start;
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    parts.reverse();
+    Some((parts.join(","), first_start, end))
+}
+
+/// [`boxed_group_span`]'s answer text.
+pub fn boxed_group(text: &str) -> Option<String> {
+    boxed_group_span(text).map(|g| g.0)
+}
+
+/// "and" or "or" as a word, or a `,` or `;` (math-verify's separator between boxes).
+fn has_list_separator(s: &str) -> bool {
+    if s.contains([',', ';']) {
+        return true;
+    }
+    let b = s.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    ["and", "or"].iter().any(|w| {
+        s.match_indices(w).any(|(i, _)| {
+            (i == 0 || !word(b[i - 1])) && b.get(i + w.len()).is_none_or(|&c| !word(c))
+        })
+    })
+}
+
 /// The best answer string in `response`, if any (the first candidate; see [`candidates`]).
 pub fn extract_answer(response: &str) -> Option<String> {
     candidates(response).into_iter().next().map(|c| c.text)
@@ -67,17 +219,15 @@ pub fn candidates(response: &str) -> Vec<Candidate> {
     let mut out = Vec::new();
     // Like math-verify, a bare `\fbox` only counts inside a LaTeX environment, and an empty box
     // ("… within \boxed{}." from a model echoing its instruction) is no answer.
-    if let Some(inner) =
-        last_boxed(response).filter(|inner| response.contains("\\boxed") && !inner.is_empty())
+    // Several boxes close together are one answer (see [`boxed_group_span`]).
+    if let Some((inner, _, end)) = boxed_group_span(response)
+        .filter(|(inner, _, _)| response.contains("\\boxed") && !inner.is_empty())
     {
-        let end = response
-            .rfind(inner)
-            .map_or(response.len(), |i| i + inner.len() + 1);
         out.push(Candidate {
             priority: 50,
             start: 0,
             end,
-            text: inner.to_string(),
+            text: inner,
             plain: false,
         });
     }
@@ -259,9 +409,10 @@ fn sentence_answer(text: &str, from: usize, priority: u16) -> Option<Candidate> 
         .trim_end()
         .trim_end_matches(['.', ',', ';', '!'])
         .trim_end();
+    // A ratio `42:42` is read in LaTeX only; in plain text math-verify reads its first number.
     if body.is_empty()
         || body.len() > 80
-        || body.contains(['$', '\\'])
+        || body.contains(['$', '\\', ':'])
         || !body
             .chars()
             .any(|c| c.is_ascii_digit() || c.is_alphabetic())

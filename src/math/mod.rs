@@ -35,7 +35,8 @@ pub struct Verdict {
 /// Parse an answer string (gold, or an already-extracted prediction): unwrap a `\boxed{}`,
 /// normalize, parse (numeric answers only; see [`verify`] for symbolic ones).
 pub fn parse_gold(answer: &str) -> Result<Answer, ParseError> {
-    let inner = extract::last_boxed(answer).unwrap_or(answer);
+    let group = extract::boxed_group(answer);
+    let inner = group.as_deref().unwrap_or(answer);
     parse::parse_answer(&normalize::normalize(inner))
 }
 
@@ -160,13 +161,20 @@ fn pick(candidates: &[extract::Candidate]) -> Option<(String, Read)> {
     })
 }
 
+/// Priority of a span found with no answer marker (see [`extract::candidates`]).
+const UNANCHORED: u16 = 300;
+
 /// Read one candidate span of a response: `\text{...}` words as words, a lone variable ending a
-/// sentence (`$x.$`) as nothing, anything else by [`read`].
+/// sentence (`$x.$`) as nothing, an inequality without an answer marker or box ("at $x=11$ … a
+/// profit after that point ($y>0$)": a condition, not the answer) as nothing, anything else by
+/// [`read`].
 fn read_candidate(c: &extract::Candidate) -> Option<Read> {
     if c.plain {
         return read(&normalize::normalize(&c.text));
     }
-    if lone_variable_with_stop(&c.text) {
+    if lone_variable_with_stop(&c.text)
+        || (c.priority >= UNANCHORED && parse::is_inequality(&normalize::normalize(&c.text)))
+    {
         return None;
     }
     c.text
@@ -176,10 +184,12 @@ fn read_candidate(c: &extract::Candidate) -> Option<Read> {
         .or_else(|| read(&normalize::normalize(&c.text)))
 }
 
-/// Read a reference answer: the content of its last `\boxed{}` (or the whole text) when that is
-/// an answer, else the answer its sentence states ("0 is the only possible value" gives 0).
+/// Read a reference answer: the content of its last `\boxed{}` with the boxes joined to it (see
+/// [`extract::boxed_group_span`]; or the whole text) when that is an answer, else the answer its
+/// sentence states ("0 is the only possible value" gives 0).
 fn read_reference(gold: &str) -> Option<Read> {
-    let inner = extract::last_boxed(gold).unwrap_or(gold);
+    let group = extract::boxed_group(gold);
+    let inner = group.as_deref().unwrap_or(gold);
     read(&normalize::normalize(inner))
         .or_else(|| word_answer(inner))
         .or_else(|| is_sentence(inner).then(|| pick(&extract::candidates(gold)).map(|(_, r)| r))?)
@@ -235,7 +245,11 @@ pub fn verify_response(gold_answer: &str, response: &str) -> Verdict {
         .first()
         .filter(|c| c.priority == BOXED && read(&normalize::normalize(&c.text)).is_none())
     {
-        let g = text_form(extract::last_boxed(gold_answer).unwrap_or(gold_answer));
+        let g = text_form(
+            extract::boxed_group(gold_answer)
+                .as_deref()
+                .unwrap_or(gold_answer),
+        );
         return Verdict {
             correct: !g.is_empty() && g == text_form(&c.text),
             extracted: Some(c.text.clone()),
@@ -256,7 +270,11 @@ pub fn verify_response(gold_answer: &str, response: &str) -> Verdict {
                 .find(|c| c.priority == best_priority)
                 .map(|c| c.text.clone())
                 .unwrap_or_default();
-            let g = text_form(extract::last_boxed(gold_answer).unwrap_or(gold_answer));
+            let g = text_form(
+                extract::boxed_group(gold_answer)
+                    .as_deref()
+                    .unwrap_or(gold_answer),
+            );
             Verdict {
                 correct: !g.is_empty() && g == text_form(&first),
                 extracted: Some(first),
@@ -553,5 +571,66 @@ mod tests {
             Some(false)
         );
         assert_eq!(states_answer("", "The answer is 4."), None);
+    }
+
+    // From math-verify's own cases taken from model outputs (data/real-answers/math-verify-cases.jsonl).
+    #[test]
+    fn boxes_close_together_are_one_answer() {
+        let r = "\\boxed{1} and \\boxed{2} and \\boxed{3}";
+        assert_eq!(verify_response("1", r).extracted.as_deref(), Some("1,2,3"));
+        assert!(verify_response("\\{1, 2, 3\\}", r).correct);
+        assert!(verify_response("\\{1, 2, 3\\}", "\\boxed{1},\\boxed{2},\\boxed{3}").correct);
+        let r = "$$\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}$$";
+        assert!(verify_response("(2, 2), (6, 2)", r).correct);
+        assert!(!verify_response("(6, 2)", r).correct);
+        let r = "\\( y_1 = \\boxed{-2(x - 1)^2 + 5} \\) and \\( y_2 = \\boxed{3(x + 2)^2 - 2} \\)";
+        assert!(verify_response("y_{1}=-2 x^{2}+4 x+3, y_{2}=3 x^{2}+12 x+10", r).correct);
+        // Far apart without "and"/"or"/`,`/`;` between them: the last box alone.
+        let r = "First \\boxed{1}. Then a long explanation follows here, going further with no end in sight at all. Finally \\boxed{2}";
+        assert_eq!(verify_response("2", r).extracted.as_deref(), Some("2"));
+        // Golds written as several boxes, or a box in a box.
+        assert!(verify("\\boxed{1} papers and \\boxed{2} bins", "1, 2"));
+        assert!(verify(
+            "\\(\\boxed{1}\\) and \\(\\boxed{-2}\\).",
+            "\\boxed{-2,1}"
+        ));
+        assert!(verify("\\boxed{\\boxed{a=4,\\,-8,\\,-10}}", "-10,-8,4"));
+    }
+
+    #[test]
+    fn inequalities_are_the_sets_they_describe() {
+        assert!(verify("-793 < a < 10", "(-793, 10)"));
+        assert!(verify("10 > a > -793", "(-793, 10)"));
+        assert!(!verify("-793 < a < 10", "[-793, 10]"));
+        assert!(verify("0<f(x)<1", "(0,1)"));
+        assert!(verify("x \\ge 2", "[2, \\infty)"));
+        assert!(!verify("x > 2", "[2, \\infty)"));
+        let union = "z \\in \\left[-\\frac{3}{2}, -1\\right] \\cup \\left[1, \\frac{3}{2}\\right]";
+        assert!(verify("1\\leq|z|\\leq \\frac{3}{2}", union));
+        assert!(!verify("1\\le |z| \\le 2", "[-2, 2]"));
+        assert!(verify("|z| < 2", "(-2, 2)"));
+        // Without a box or answer marker an inequality is a condition, not the answer (math-verify
+        // reads it; a deliberate difference).
+        let r = "It breaks even at $x=11$ and makes a profit after that point ($y>0$).";
+        assert_eq!(verify_response("11", r).extracted.as_deref(), Some("x=11"));
+        assert!(verify_response("(0, \\infty)", "The answer is $y > 0$.").correct);
+        // Not one unknown: `b^2+2b-15 <= 0` is b in [-5, 3], not (-inf, 0]; not read.
+        assert!(!verify("b^2 +2b - 15 \\le 0", "(-\\infty, 0]"));
+    }
+
+    #[test]
+    fn ratios_solution_lists_and_braced_sets() {
+        assert!(verify("S_{MBCN}:S=7:32", "7:32"));
+        assert!(verify("V_{1}:V_{2}=11:21", "\\frac{11}{21}"));
+        assert!(!verify("7:32", "32:7"));
+        assert!(verify("(11,7)or(7,11)", "(7,11),\\ (11,7)"));
+        assert!(verify("p=5,q=2;p=7,q=2", "(5,2),(7,2)"));
+        assert!(!verify("p=5,q=2;p=7,q=2", "(2,5),(2,7)"));
+        assert!(verify(
+            "(5, 8), (8, 5)",
+            "(x, y) = (5, 8) \\quad \\text{and} \\quad (8, 5)"
+        ));
+        assert!(verify("{1,2,3}", "\\{3, 2, 1\\}"));
+        assert!(!verify("{1,2,3}", "3"));
     }
 }

@@ -174,11 +174,20 @@ fn strip_membership(s: &str) -> &str {
 }
 
 /// A list or a set of alternatives written in words is a comma list: "1, 4 and 9", "1, 4, and 9"
-/// and "f(x)=0 or f(x)=1" all become `a, b, c` (then every part must match).
+/// and "f(x)=0 or f(x)=1" all become `a, b, c` (then every part must match), and so does
+/// `(11,7)or(7,11)`.
 fn join_alternatives(s: &str) -> String {
     let mut out = s.to_string();
     for sep in [", and ", ", or ", " and ", " or "] {
         out = out.replace(sep, ", ");
+    }
+    // Written without spaces between brackets: `(11,7)or(7,11)`.
+    for close in [')', ']'] {
+        for word in ["or", "and"] {
+            for open in ['(', '['] {
+                out = out.replace(&format!("{close}{word}{open}"), &format!("{close},{open}"));
+            }
+        }
     }
     out
 }

@@ -280,6 +280,8 @@ impl<'a> Parser<'a> {
         loop {
             let op = match self.peek() {
                 Some(Tok::Sym(c @ ('*' | '/' | '×' | '÷' | '·'))) => *c,
+                // A ratio `7:32` is the quotient (math-verify: 7/32); only one `:` is read.
+                Some(Tok::Sym(':')) => '/',
                 Some(Tok::Cmd(c)) if c == "cdot" || c == "times" => '*',
                 Some(Tok::Cmd(c)) if c == "div" => '/',
                 Some(t) if starts_primary(t) => '@',
@@ -470,10 +472,18 @@ impl<'a> Parser<'a> {
                     symbol: format!("\\{c}"),
                 }),
             },
+            // `{1, 2, 3}` (braces without `\`) is a set, as math-verify reads it.
             Tok::Sym('{') => {
-                let inner = self.expr()?;
+                let mut items = self.list()?;
                 self.expect_sym('}')?;
-                Ok(inner)
+                Ok(match items.len() {
+                    1 => match items.pop() {
+                        Some(Answer::Number(n)) => Node::Num(n),
+                        Some(other) => Node::Group(other),
+                        None => Node::Group(Answer::Set(Vec::new())),
+                    },
+                    _ => Node::Group(Answer::Set(items)),
+                })
             }
             Tok::Sym(open @ ('(' | '[')) => {
                 let items = self.list()?;
@@ -670,9 +680,22 @@ fn parse_with(normalized: &str, env: Option<&Env>) -> Result<Answer, ParseError>
         }
         None => s,
     };
+    if let Some(r) = inequality_set(s, env) {
+        return r;
+    }
+    if let Some(r) = semicolon_groups(s, env) {
+        return r;
+    }
     let parts = equation_rhs_parts(s);
     let s = parts.join(",");
     let s = s.as_str();
+    // `a:b:c` is no single number (math-verify reads it as (a/b)/c).
+    if s.matches(':').count() > 1 {
+        return Err(ParseError::Symbol {
+            input: s.to_string(),
+            symbol: ":".to_string(),
+        });
+    }
     let mut p = Parser {
         toks: tokenize(s),
         pos: 0,
@@ -692,6 +715,181 @@ fn parse_with(normalized: &str, env: Option<&Env>) -> Result<Answer, ParseError>
     } else {
         Answer::Set(items)
     })
+}
+
+/// Split `s` at `sep` outside brackets and braces.
+fn split_top(s: &str, sep: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            c if c == sep && depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+/// Solutions separated by `;`, each a comma list (`p=5,q=2;p=7,q=2`): the set of the tuples
+/// (math-verify reads `1, 2; 3, 4` as {(1, 2), (3, 4)}). `None` when no part has a comma.
+fn semicolon_groups(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseError>> {
+    let groups = split_top(s, ';');
+    if groups.len() < 2 || !groups.iter().any(|g| split_top(g, ',').len() > 1) {
+        return None;
+    }
+    let read = |g: &str| -> Result<Answer, ParseError> {
+        Ok(match parse_with(g, env)? {
+            Answer::Set(items) => Answer::Tuple(items),
+            other => other,
+        })
+    };
+    Some(
+        groups
+            .into_iter()
+            .map(read)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Answer::Set),
+    )
+}
+
+/// Relation operators of an inequality: (text, less-than side, strict).
+const RELATIONS: &[(&str, bool, bool)] = &[
+    ("\\leqslant", true, false),
+    ("\\geqslant", false, false),
+    ("\\leq", true, false),
+    ("\\geq", false, false),
+    ("\\le", true, false),
+    ("\\ge", false, false),
+    ("\\lt", true, true),
+    ("\\gt", false, true),
+    ("<=", true, false),
+    (">=", false, false),
+    ("≤", true, false),
+    ("≥", false, false),
+    ("<", true, true),
+    (">", false, true),
+];
+
+/// An inequality in one unknown is the set it describes, as math-verify compares it with a set
+/// (sympy's `as_set`): `-793 < a < 10` is the interval (-793, 10), `x \ge 2` is [2, ∞),
+/// `0 < f(x) < 1` is (0, 1), `1 \le |z| \le 3/2` is [-3/2, -1] ∪ [1, 3/2]. The bounds must be
+/// numbers and the other side one unknown ([`is_unknown`]); `None` when `s` has no top-level `<`,
+/// `>`, `\le`, `\ge`.
+fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseError>> {
+    let mut parts = Vec::new();
+    let mut rels = Vec::new();
+    let (mut depth, mut start, mut i) = (0i32, 0, 0);
+    let b = s.as_bytes();
+    while i < s.len() {
+        match b[i] {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth -= 1,
+            _ => {}
+        }
+        let rel = (depth == 0)
+            .then(|| {
+                RELATIONS.iter().find(|(op, _, _)| {
+                    s[i..].starts_with(op)
+                        && !(op.starts_with('\\')
+                            && s[i + op.len()..].starts_with(|c: char| c.is_ascii_alphabetic()))
+                })
+            })
+            .flatten();
+        match rel {
+            Some(&(op, less, strict)) => {
+                parts.push(&s[start..i]);
+                rels.push((less, strict));
+                i += op.len();
+                start = i;
+            }
+            None => i += s[i..].chars().next().map_or(1, char::len_utf8),
+        }
+    }
+    if rels.is_empty() {
+        return None;
+    }
+    parts.push(&s[start..]);
+    let number = |t: &str| match parse_with(t, env) {
+        Ok(Answer::Number(n)) => Some(n),
+        _ => None,
+    };
+    let free = |t: &str| is_unknown(t);
+    let inf = Num::approx(f64::INFINITY);
+    let err = || ParseError::Symbol {
+        input: s.to_string(),
+        symbol: "inequality".to_string(),
+    };
+    // (lo, hi, lo open, hi open) of the unknown side, and that side.
+    let (lo, hi, lo_open, hi_open, unknown) = match (parts.as_slice(), rels.as_slice()) {
+        ([a, m, c], [(l1, s1), (l2, s2)]) if l1 == l2 && free(m) => {
+            let (lo, hi, lo_open, hi_open) = if *l1 { (a, c, s1, s2) } else { (c, a, s2, s1) };
+            match (number(lo), number(hi)) {
+                (Some(lo), Some(hi)) => (lo, hi, *lo_open, *hi_open, *m),
+                _ => return Some(Err(err())),
+            }
+        }
+        ([a, c], [(less, strict)]) => match (free(a), number(c), number(a), free(c)) {
+            (true, Some(c), _, _) if *less => (-inf, c, true, *strict, *a),
+            (true, Some(c), _, _) => (c, inf, *strict, true, *a),
+            (_, _, Some(a), true) if *less => (a, inf, *strict, true, *c),
+            (_, _, Some(a), true) => (-inf, a, true, *strict, *c),
+            _ => return Some(Err(err())),
+        },
+        _ => return Some(Err(err())),
+    };
+    let interval = |lo: Num, hi: Num, lo_open: bool, hi_open: bool| Answer::Interval {
+        left_open: lo_open || lo.approx.is_infinite(),
+        right_open: hi_open || hi.approx.is_infinite(),
+        lo,
+        hi,
+    };
+    let u = unknown.trim();
+    let abs =
+        u.len() > 2 && u.starts_with('|') && u.ends_with('|') && !u[1..u.len() - 1].contains('|');
+    if !abs || lo.resolved().approx <= 0.0 {
+        return Some(Ok(if abs {
+            // |v| < hi: (-hi, hi)
+            interval(-hi, hi, hi_open, hi_open)
+        } else {
+            interval(lo, hi, lo_open, hi_open)
+        }));
+    }
+    // lo <= |v| <= hi with lo > 0: two intervals.
+    Some(Ok(Answer::Set(vec![
+        interval(-hi, -lo, hi_open, lo_open),
+        interval(lo, hi, lo_open, hi_open),
+    ])))
+}
+
+/// Whether `normalized` is an inequality (a top-level `<`, `>`, `\le`, `\ge`; see
+/// [`inequality_set`]).
+pub fn is_inequality(normalized: &str) -> bool {
+    inequality_set(normalized.trim(), None).is_some()
+}
+
+/// One unknown: a variable (`a`, `x_{1}`, `\theta`), a function of one (`f(x)`), or the absolute
+/// value of one (`|z|`). An expression (`b^2 + 2b - 15 \le 0`) describes another set than its
+/// bounds say, so it is not read.
+fn is_unknown(t: &str) -> bool {
+    let t = t.trim();
+    let t = t
+        .strip_prefix('|')
+        .and_then(|x| x.strip_suffix('|'))
+        .map_or(t, str::trim);
+    let name = match t.find('(') {
+        Some(i) if t.ends_with(')') => t[..i].trim(),
+        _ => t,
+    };
+    let name = name.split('_').next().unwrap_or("");
+    let greek = name.strip_prefix('\\').is_some_and(|g| GREEK.contains(&g));
+    greek || (name.len() == 1 && name.bytes().all(|c| c.is_ascii_alphabetic()))
 }
 
 /// Split `s` at top-level commas (outside brackets and braces); when every part is an equation
@@ -714,6 +912,13 @@ fn equation_rhs_parts(s: &str) -> Vec<String> {
     }
     parts.push(&s[start..]);
     let is_eq = |p: &str| last_equation_rhs(p).len() < p.len();
+    // `a = 4, -8, -10` and `(x, y) = (5, 8), (8, 5)`: one equation whose right-hand side is the
+    // whole list (math-verify: Eq(a, {4, -8, -10})).
+    if parts.len() > 1 && is_eq(parts[0]) && !parts[1..].iter().any(|p| is_eq(p)) {
+        let mut out = vec![last_equation_rhs(parts[0]).trim().to_string()];
+        out.extend(parts[1..].iter().map(|p| p.trim().to_string()));
+        return out;
+    }
     if parts.len() > 1 && parts.iter().all(|p| is_eq(p)) {
         parts
             .into_iter()

@@ -11,18 +11,23 @@ use rredcot::engine::StageContext;
 use rredcot::evaluation::{summarize, Grader};
 use rredcot::prompt_text::prompt_text;
 
-use super::sampling::{plan_jobs, sample_jobs, sampling_params, split_answer, window, OnBadPrompt, Thinking};
-use super::{load_sampler, set_threads};
+use super::sampling::{plan_jobs, sample_jobs, split_answer, window, OnBadPrompt, SamplerParams};
+use super::{load_sampler, use_threads};
+
+/// The stage's own params beside [`SamplerParams`] (stages/eval.toml documents them).
+#[derive(Debug, serde::Deserialize)]
+struct EvalParams {
+    /// Samples per problem.
+    k: usize,
+    /// The first `limit` problems of each benchmark (0 = all).
+    limit: usize,
+    on_bad_prompt: OnBadPrompt,
+}
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    set_threads(ctx)?;
-    let seed: u64 = ctx.param("seed")?;
-    let k: usize = ctx.param("k")?;
-    let limit: usize = ctx.param("limit")?;
-    let batch_size: usize = ctx.param("batch_size")?;
-    let on_bad: OnBadPrompt = ctx.param("on_bad_prompt")?;
-    let thinking: Thinking = ctx.param("thinking")?;
-    let sampling = sampling_params(ctx)?;
+    let (sampling, p): (SamplerParams, EvalParams) = (ctx.params()?, ctx.params()?);
+    use_threads(sampling.threads);
+    let (k, thinking) = (p.k, sampling.thinking);
     if k == 0 {
         bail!("stage `{}`: k (samples per problem) must be positive", ctx.instance);
     }
@@ -34,15 +39,15 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if benchmarks.is_empty() {
         bail!("stage `{}`: no benchmark to evaluate (wire inputs `benchmarks.<name> = \"stage.prompts\"`)", ctx.instance);
     }
-    let (sampler, tok) = load_sampler(ctx, "policy")?;
+    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, 0)?;
     let context = sampler.context();
 
     let mut rows = Vec::new();
     let mut unclosed = 0i64;
     for (bench, path) in &benchmarks {
-        let prompts: Vec<PromptRow> = window(read_rows(path, Schema::Prompts)?, limit, 0);
-        let jobs = plan_jobs(ctx, &prompts, path, &tok, context, k, on_bad)?;
-        let gens = sample_jobs(ctx, &sampler, &tok, &jobs, seed, batch_size, &sampling, &format!("eval {bench}"), false)?;
+        let prompts: Vec<PromptRow> = window(read_rows(path, Schema::Prompts)?, p.limit, 0);
+        let jobs = plan_jobs(ctx, &prompts, path, &tok, context, k, p.on_bad_prompt)?;
+        let gens = sample_jobs(ctx, &sampler, &tok, &jobs, &sampling, &format!("eval {bench}"), false)?;
         for (job, g) in jobs.iter().zip(gens) {
             let text = g.text.unwrap_or_default();
             let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text).with_context(|| format!("{bench}: prompt {} sample {}", job.row.id, job.sample_idx))?;
@@ -74,4 +79,14 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("thinking_unclosed", unclosed);
     write_rows(ctx.output("eval")?, Schema::Eval, &rows)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_params_struct_reads_every_param_of_the_stage_file() {
+        use super::super::tests::{assert_reads_every_param, sampling_stage};
+        let p: super::EvalParams = assert_reads_every_param("eval", sampling_stage);
+        assert!(p.k > 0);
+    }
 }

@@ -51,14 +51,14 @@ pub enum Backend {
     Http,
 }
 
-/// The stage params of the `http` backend.
-#[derive(Debug, Clone)]
+/// The stage params of the `http` backend (every sampling stage has them).
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct HttpParams {
     pub server_command: String,
     pub base_url: String,
     pub served_model: String,
-    /// Startup and per-request timeout.
-    pub timeout: Duration,
+    /// Startup and per-request timeout, seconds.
+    pub timeout_s: f64,
     /// Requests in flight at once.
     pub concurrency: usize,
     /// Attempts after the first for a request that failed to connect, timed out or got a 5xx.
@@ -66,20 +66,16 @@ pub struct HttpParams {
 }
 
 impl HttpParams {
-    pub fn from_ctx(ctx: &StageContext) -> Result<HttpParams> {
-        let timeout: f64 = ctx.param("timeout_s")?;
-        let concurrency: usize = ctx.param("concurrency")?;
-        if !(timeout.is_finite() && timeout > 0.0) || concurrency == 0 {
-            bail!("stage `{}`: timeout_s ({timeout}) and concurrency ({concurrency}) must be positive", ctx.instance);
+    /// Errors (naming `stage`) unless the timeout and the concurrency are positive.
+    fn check(&self, stage: &str) -> Result<()> {
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) || self.concurrency == 0 {
+            bail!("stage `{stage}`: timeout_s ({}) and concurrency ({}) must be positive", self.timeout_s, self.concurrency);
         }
-        Ok(HttpParams {
-            server_command: ctx.param("server_command")?,
-            base_url: ctx.param("base_url")?,
-            served_model: ctx.param("served_model")?,
-            timeout: Duration::from_secs_f64(timeout),
-            concurrency,
-            retries: ctx.param("retries")?,
-        })
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout_s)
     }
 }
 
@@ -216,15 +212,15 @@ pub struct HttpSampler {
 impl HttpSampler {
     /// Starts the engine over the checkpoint wired to input `policy` (or connects to
     /// `base_url`), waits until it answers and checks that it serves the policy.
-    pub fn open(ctx: &StageContext, policy: &str) -> Result<HttpSampler> {
-        let params = HttpParams::from_ctx(ctx)?;
+    pub fn open(ctx: &StageContext, policy: &str, params: &HttpParams, seed: u64) -> Result<HttpSampler> {
+        params.check(&ctx.instance)?;
+        let params = params.clone();
         let opened = Instant::now();
         let stage = ctx.instance.clone();
         let path = ctx.input(policy)?.canonicalize().with_context(|| format!("stage `{stage}`: input `{policy}`"))?;
         let hash = ctx.input_hash(policy)?.to_string();
-        let seed: u64 = ctx.param("seed").unwrap_or(0);
         let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(params.timeout))
+            .timeout_global(Some(params.timeout()))
             .http_status_as_error(false)
             .user_agent(concat!("rredcot/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -340,8 +336,8 @@ impl HttpSampler {
             };
             // A running server that does not answer is an error at once; a starting engine gets
             // the whole timeout.
-            if self.server.is_none() || t0.elapsed() > self.params.timeout {
-                let waited = if self.server.is_some() { format!(" within {:.0} s", self.params.timeout.as_secs_f64()) } else { String::new() };
+            if self.server.is_none() || t0.elapsed() > self.params.timeout() {
+                let waited = if self.server.is_some() { format!(" within {:.0} s", self.params.timeout_s) } else { String::new() };
                 let log = self.server.as_ref().map(|s| format!("; the engine's log ends:\n{}", log_tail(&s.log))).unwrap_or_default();
                 bail!("stage `{}`: the server at {} did not answer{waited}: {last}{log}", self.stage, self.base);
             }

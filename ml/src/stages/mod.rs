@@ -42,32 +42,11 @@ pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
 
 pub const FULL_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: full_builtin, worker: rredcot::stages::WORKER, versions: rredcot::versions };
 
-/// Applies the stage's `threads` param (0 = libtorch's default).
-fn set_threads(ctx: &StageContext) -> Result<()> {
-    use_threads(ctx.param("threads")?);
-    Ok(())
-}
-
 /// Intra-op threads of this process (0: libtorch's default).
 fn use_threads(threads: i64) {
     if threads > 0 {
         tch::set_num_threads(threads as i32);
     }
-}
-
-/// The stage's `device`/`dtype` params.
-fn load_options(ctx: &StageContext) -> Result<LoadOptions> {
-    serde_json::from_value(serde_json::json!({
-        "device": ctx.param::<String>("device")?,
-        "dtype": ctx.param::<String>("dtype")?,
-    }))
-    .with_context(|| format!("stage `{}`: params device/dtype", ctx.instance))
-}
-
-/// Loads the checkpoint wired to input `name` with the stage's `device`/`dtype` params; it must
-/// carry its tokenizer.
-fn load_policy(ctx: &StageContext, name: &str) -> Result<(DecoderLm, Tokenizer)> {
-    load_checkpoint(ctx, name, &load_options(ctx)?)
 }
 
 /// The checkpoint wired to input `name` on `device`, in float32 whatever the stage's `dtype` (a
@@ -84,12 +63,8 @@ fn load_policy_on(
     device: model::DeviceChoice,
     dtype: model::DtypeChoice,
 ) -> Result<(DecoderLm, Tokenizer)> {
-    load_checkpoint(ctx, name, &LoadOptions { device, dtype })
-}
-
-fn load_checkpoint(ctx: &StageContext, name: &str, opts: &LoadOptions) -> Result<(DecoderLm, Tokenizer)> {
     let path = ctx.input(name)?;
-    let loaded = model::load(path, opts).with_context(|| format!("loading input `{name}` ({})", path.display()))?;
+    let loaded = model::load(path, &LoadOptions { device, dtype }).with_context(|| format!("loading input `{name}` ({})", path.display()))?;
     let tok = loaded
         .tokenizer
         .with_context(|| format!("input `{name}` ({}): no tokenizer.json in the checkpoint", path.display()))?;
@@ -97,17 +72,19 @@ fn load_checkpoint(ctx: &StageContext, name: &str, opts: &LoadOptions) -> Result
 }
 
 /// The sampler of a sampling stage (param `backend`) over the checkpoint wired to input `name`,
-/// with the checkpoint's tokenizer: the model core (loaded as [`load_policy`] does) or an
-/// inference engine ([`http_backend`]; only the config and tokenizer are read here).
-fn load_sampler(ctx: &StageContext, name: &str) -> Result<(sampling::Sampler, Tokenizer)> {
-    match ctx.param::<http_backend::Backend>("backend")? {
-        http_backend::Backend::Local => load_policy(ctx, name).map(|(m, t)| (sampling::Sampler::Local(m), t)),
+/// with the checkpoint's tokenizer: the model core on the stage's device in its dtype, or an
+/// inference engine ([`http_backend`]; only the config and tokenizer are read here) that returns
+/// `top_logprobs` logprobs per token.
+fn load_sampler(ctx: &StageContext, name: &str, p: &sampling::SamplerParams, top_logprobs: usize) -> Result<(sampling::Sampler, Tokenizer)> {
+    let http: http_backend::HttpParams = ctx.params()?;
+    match p.backend {
+        http_backend::Backend::Local => load_policy_on(ctx, name, p.device, p.dtype).map(|(m, t)| (sampling::Sampler::Local(m), t)),
         http_backend::Backend::Http => {
             let path = ctx.input(name)?;
             let (cfg, tok) = model::load_config(path).with_context(|| format!("input `{name}` ({}): the http backend needs a checkpoint directory", path.display()))?;
             let tok = tok.with_context(|| format!("input `{name}` ({}): no tokenizer.json in the checkpoint", path.display()))?;
-            let engine = http_backend::HttpSampler::open(ctx, name)?;
-            Ok((sampling::Sampler::Http { engine, context: cfg.max_position_embeddings as usize, vocab: cfg.vocab_size }, tok))
+            let engine = http_backend::HttpSampler::open(ctx, name, &http, p.seed)?;
+            Ok((sampling::Sampler::Http { engine, context: cfg.max_position_embeddings as usize, vocab: cfg.vocab_size, top_logprobs }, tok))
         }
     }
 }
@@ -115,5 +92,37 @@ fn load_sampler(ctx: &StageContext, name: &str) -> Result<(sampling::Sampler, To
 #[cfg(test)]
 pub(crate) mod tests {
     pub(crate) use rredcot::stages::shipped_defaults as shipped_params;
+    use rredcot::engine::context::parse_params;
 
+    type Params = serde_json::Map<String, serde_json::Value>;
+
+    /// What a sampling stage reads: the shared [`SamplerParams`](super::sampling::SamplerParams),
+    /// the http backend's and its own struct `P`, each from the same params.
+    pub(crate) fn sampling_stage<P: serde::de::DeserializeOwned>(kind: &str, params: &Params) -> anyhow::Result<P> {
+        parse_params::<super::sampling::SamplerParams>(kind, params)?;
+        parse_params::<super::http_backend::HttpParams>(kind, params)?;
+        parse_params(kind, params)
+    }
+
+    /// [`sampling_stage`] for a stage that also reads a second shared struct `E` (e.g.
+    /// [`EngineLogprobs`](super::sampling::EngineLogprobs)); returns both.
+    pub(crate) fn sampling_stage_and<E: serde::de::DeserializeOwned, P: serde::de::DeserializeOwned>(kind: &str, params: &Params) -> anyhow::Result<(E, P)> {
+        Ok((parse_params(kind, params)?, sampling_stage(kind, params)?))
+    }
+
+    /// `parse` (a stage's params structs) reads the stage file's defaults of kind `kind`, and
+    /// every param they declare: without one of them it fails for that missing field. (What
+    /// serde's `deny_unknown_fields` checks, for stages that read more than one struct.)
+    pub(crate) fn assert_reads_every_param<T>(kind: &str, parse: impl Fn(&str, &Params) -> anyhow::Result<T>) -> T {
+        let shipped = shipped_params(kind);
+        for name in shipped.keys() {
+            let mut without = shipped.clone();
+            without.remove(name);
+            match parse(kind, &without) {
+                Ok(_) => panic!("{kind}: the stage file declares param `{name}`, but no params struct of the stage reads it"),
+                Err(e) => assert!(e.to_string().contains(&format!("missing field `{name}`")), "{kind} without `{name}`: {e}"),
+            }
+        }
+        parse(kind, &shipped).unwrap_or_else(|e| panic!("{kind}: {e}"))
+    }
 }

@@ -31,9 +31,9 @@ use rredcot::engine::StageContext;
 use rredcot::prompt_text::prompt_text;
 use serde::Serialize;
 
-use super::sampling::{engine_entropies, row_seed, sample_seeded, sampling_params, split_answer, Sampler, Thinking};
+use super::sampling::{engine_entropies, row_seed, sample_seeded, split_answer, EngineLogprobs, Sampler, SamplerParams};
 use crate::traces::{Trace, TraceInputs, TraceTokens};
-use super::{load_policy, load_sampler, set_threads};
+use super::{load_policy_on, load_sampler, use_threads};
 use crate::traces::RESET_PREFIX_KEY;
 use crate::model::{logprob, ChatMessage, DecoderLm, Tokenizer};
 
@@ -50,6 +50,20 @@ enum Mode {
 enum Which {
     All,
     Incorrect,
+}
+
+/// The own params of both reset kinds beside [`SamplerParams`] and [`EngineLogprobs`]
+/// (stages/reset_random.toml documents them; reset_self.toml extends it).
+#[derive(Debug, serde::Deserialize)]
+struct ResetParams {
+    mode: Mode,
+    traces: Which,
+    /// Continuations per reset point.
+    k: usize,
+    include_original: bool,
+    /// SRPO's localization prompt (`{question}`, `{steps}`) and answer (`{t}`).
+    localize_prompt: String,
+    localize_answer: String,
 }
 
 /// One row of the `resets` table.
@@ -98,16 +112,12 @@ struct Reset {
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    set_threads(ctx)?;
-    let mode: Mode = ctx.param("mode")?;
-    let which: Which = ctx.param("traces")?;
-    let k: usize = ctx.param("k")?;
-    let seed: u64 = ctx.param("seed")?;
-    let batch: usize = ctx.param("batch_size")?;
-    let include_original: bool = ctx.param("include_original")?;
-    let (loc_prompt, loc_answer): (String, String) = (ctx.param("localize_prompt")?, ctx.param("localize_answer")?);
-    let sampling = sampling_params(ctx)?;
-    let thinking: Thinking = ctx.param("thinking")?;
+    let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);
+    let p: ResetParams = ctx.params()?;
+    use_threads(sampling.threads);
+    let (mode, which, k, include_original) = (p.mode, p.traces, p.k, p.include_original);
+    let (seed, batch, thinking) = (sampling.seed, sampling.batch_size, sampling.thinking);
+    let (loc_prompt, loc_answer) = (&p.localize_prompt, &p.localize_answer);
     if k == 0 {
         bail!("stage `{}`: k must be positive", ctx.instance);
     }
@@ -120,10 +130,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if let Some(tr) = traces.iter().find(|t| t.rollout.policy_ckpt != policy_hash) {
         bail!("{}: sampled from checkpoint {} but the policy input is {}: resets continue the policy's own traces", tr.at, &tr.rollout.policy_ckpt[..12.min(tr.rollout.policy_ckpt.len())], &policy_hash[..12]);
     }
-    let (sampler, tok) = load_sampler(ctx, "policy")?;
+    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, logprobs.top_logprobs)?;
     // Localizing the first wrong step is a prefill in the model core, whatever samples.
     let own_model = match (&sampler, mode) {
-        (Sampler::Http { .. }, Mode::Own) => Some(load_policy(ctx, "policy")?.0),
+        (Sampler::Http { .. }, Mode::Own) => Some(load_policy_on(ctx, "policy", sampling.device, sampling.dtype)?.0),
         _ => None,
     };
 
@@ -143,7 +153,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             Mode::Random => ChaCha8Rng::seed_from_u64(row_seed(seed, &tr.seg.prompt_id, tr.seg.sample_idx as usize)).random_range(1..=steps),
             Mode::Own => {
                 let model = own_model.as_ref().or(sampler.local()).context("a model for localization")?;
-                let (t, cost) = localize(model, &tok, tr, &tt, &loc_prompt, &loc_answer, batch)?;
+                let (t, cost) = localize(model, &tok, tr, &tt, loc_prompt, loc_answer, batch)?;
                 localize_tokens += cost;
                 t
             }
@@ -168,9 +178,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let rows: Vec<(&[i64], u64)> =
         resets.iter().flat_map(|r| (0..k).map(move |j| (r.context.as_slice(), row_seed(seed, &r.row.id, j)))).collect();
     let name = |i: usize| format!("reset {} continuation {}", resets[i / k].row.id, i % k);
-    let mut gens = sample_seeded(ctx, &sampler, &tok, &rows, batch, &sampling, "continuations", name)?;
+    let mut gens = sample_seeded(ctx, &sampler, &tok, &rows, &sampling, "continuations", name)?;
     let prompts: Vec<&[i64]> = rows.iter().map(|r| r.0).collect();
-    engine_entropies(ctx, sampler, "policy", &prompts, &mut gens, &sampling, name)?;
+    engine_entropies(ctx, sampler, "policy", &prompts, &mut gens, &sampling, logprobs, name)?;
 
     let seconds = t0.elapsed().as_secs_f64();
     let localize_sequences: usize = if mode == Mode::Own { resets.iter().map(|r| r.steps).sum() } else { 0 };
@@ -252,4 +262,16 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     write_rows(ctx.output("rollouts")?, Schema::Rollouts, &out_rollouts)?;
     write_table(ctx.output("resets")?, &table)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_params_struct_reads_every_param_of_both_stage_files() {
+        use super::super::tests::{assert_reads_every_param, sampling_stage_and};
+        let read = sampling_stage_and::<super::EngineLogprobs, super::ResetParams>;
+        let (_, random) = assert_reads_every_param("reset_random", read);
+        let (_, own) = assert_reads_every_param("reset_self", read);
+        assert_eq!((random.mode, own.mode), (super::Mode::Random, super::Mode::Own));
+    }
 }

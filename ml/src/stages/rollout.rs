@@ -24,34 +24,42 @@ use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::StageContext;
 
-use super::sampling::{engine_entropies, plan_jobs, sample_jobs, sampling_params, split_answer, window, OnBadPrompt, Thinking};
-use super::{load_sampler, set_threads};
-
+use super::sampling::{engine_entropies, plan_jobs, sample_jobs, split_answer, window, EngineLogprobs, OnBadPrompt, SamplerParams};
+use super::{load_sampler, use_threads};
 
 pub use super::sampling::row_seed;
 
+/// The stage's own params beside [`SamplerParams`] and [`EngineLogprobs`] (stages/rollout.toml
+/// documents them).
+#[derive(Debug, serde::Deserialize)]
+struct RolloutParams {
+    group_size: usize,
+    /// Prompts per step (0 = all) and which window of them ([`window`]).
+    limit: usize,
+    batch_index: usize,
+    on_bad_prompt: OnBadPrompt,
+    group_requests: bool,
+}
+
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    set_threads(ctx)?;
-    let seed: u64 = ctx.param("seed")?;
-    let group: usize = ctx.param("group_size")?;
-    let batch_size: usize = ctx.param("batch_size")?;
-    let on_bad: OnBadPrompt = ctx.param("on_bad_prompt")?;
-    let thinking: Thinking = ctx.param("thinking")?;
-    let sampling = sampling_params(ctx)?;
+    let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);
+    let p: RolloutParams = ctx.params()?;
+    use_threads(sampling.threads);
+    let group = p.group_size;
     if group == 0 {
         bail!("stage `{}`: group_size must be positive", ctx.instance);
     }
     let prompts_path = ctx.input("prompts")?.to_path_buf();
-    let prompts: Vec<PromptRow> = window(read_rows(&prompts_path, Schema::Prompts)?, ctx.param("limit")?, ctx.param("batch_index")?);
+    let prompts: Vec<PromptRow> = window(read_rows(&prompts_path, Schema::Prompts)?, p.limit, p.batch_index);
     let policy_hash = ctx.input_hash("policy")?.to_string();
-    let group_requests: bool = ctx.param("group_requests")?;
-    let (sampler, tok) = load_sampler(ctx, "policy")?;
+    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, logprobs.top_logprobs)?;
     let context = sampler.context();
 
-    let jobs = plan_jobs(ctx, &prompts, &prompts_path, &tok, context, group, on_bad)?;
-    let mut gens = sample_jobs(ctx, &sampler, &tok, &jobs, seed, batch_size, &sampling, "rollouts", group_requests)?;
+    let jobs = plan_jobs(ctx, &prompts, &prompts_path, &tok, context, group, p.on_bad_prompt)?;
+    let mut gens = sample_jobs(ctx, &sampler, &tok, &jobs, &sampling, "rollouts", p.group_requests)?;
     let prompts_ids: Vec<&[i64]> = jobs.iter().map(|j| j.ids.as_slice()).collect();
-    engine_entropies(ctx, sampler, "policy", &prompts_ids, &mut gens, &sampling, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?;
+    engine_entropies(ctx, sampler, "policy", &prompts_ids, &mut gens, &sampling, logprobs, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?;
+    let thinking = sampling.thinking;
     let rows: Vec<RolloutRow> = jobs
         .iter()
         .zip(gens)
@@ -81,4 +89,19 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.metric("mean_completion_tokens", generated as f64 / rows.len().max(1) as f64);
     write_rows(ctx.output("rollouts")?, Schema::Rollouts, &rows)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_params_struct_reads_every_param_of_the_stage_file() {
+        use super::super::tests::{assert_reads_every_param, sampling_stage_and, shipped_params};
+        let read = sampling_stage_and::<super::EngineLogprobs, super::RolloutParams>;
+        let (logprobs, p) = assert_reads_every_param("rollout", read);
+        assert_eq!((logprobs.entropies, p.group_size), (super::super::sampling::Entropies::Prefill, 4));
+        let mut typo = shipped_params("rollout");
+        typo.insert("temperature".into(), "hot".into());
+        let e = read("grpo.rollout[0]", &typo).unwrap_err().to_string();
+        assert!(e.contains("stage `grpo.rollout[0]`: param `temperature` = \"hot\""), "{e}");
+    }
 }

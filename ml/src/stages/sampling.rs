@@ -16,15 +16,63 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::traces::encode_prompt;
-use super::http_backend::{plan_requests, topk_entropy, HttpSampler};
-use crate::model::{self, DecoderLm, Generation, SamplingParams, Tokenizer};
+use super::http_backend::{plan_requests, topk_entropy, Backend, HttpSampler};
+use crate::model::{self, DecoderLm, DeviceChoice, DtypeChoice, Generation, SamplingParams, Tokenizer};
+
+/// The params every sampling stage has (rollout, eval, reset_*, score_mc, score_progress): the
+/// sampler, its batching, where it runs and through which backend; the stage files document them.
+/// A stage reads this and its own params struct from the same params (`ctx.params()` for each),
+/// so neither can deny the other's fields: the engine refuses a param the stage file does not
+/// declare, and each stage's test checks that its structs read every declared one. (Not serde's
+/// `flatten`: it loses the name of a mistyped param.)
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct SamplerParams {
+    pub seed: u64,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: i64,
+    pub max_new_tokens: usize,
+    pub stop_strings: Vec<String>,
+    pub thinking: Thinking,
+    /// Rows sampled together.
+    pub batch_size: usize,
+    /// `batch_size` slots refilled as rows finish instead of fixed batches.
+    pub continuous_batching: bool,
+    pub device: DeviceChoice,
+    pub dtype: DtypeChoice,
+    pub threads: i64,
+    pub backend: Backend,
+}
+
+impl SamplerParams {
+    /// What the model core's sampler takes.
+    pub fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            max_new_tokens: self.max_new_tokens,
+            stop_strings: self.stop_strings.clone(),
+            stop_token_ids: vec![],
+        }
+    }
+}
+
+/// The params of stages whose completions are training data (rollout, reset_*): the top
+/// logprobs an engine returns per token and where the entropies come from ([`engine_entropies`]).
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
+pub struct EngineLogprobs {
+    pub top_logprobs: usize,
+    pub entropies: Entropies,
+}
 
 /// What samples a stage's completions (param `backend`).
 pub enum Sampler {
     /// The model core in this process.
     Local(DecoderLm),
-    /// An inference engine over HTTP, with the policy's context window (from its config).
-    Http { engine: HttpSampler, context: usize, vocab: i64 },
+    /// An inference engine over HTTP, with the policy's context window (from its config) and
+    /// the top logprobs it returns per token (0: none; entropies then come from elsewhere).
+    Http { engine: HttpSampler, context: usize, vocab: i64, top_logprobs: usize },
 }
 
 impl Sampler {
@@ -141,19 +189,6 @@ pub struct Job<'a> {
     pub sample_idx: usize,
 }
 
-/// The sampling params every sampling stage shares (`temperature`, `top_p`, `top_k`,
-/// `max_new_tokens`, `stop_strings`).
-pub fn sampling_params(ctx: &StageContext) -> Result<SamplingParams> {
-    Ok(SamplingParams {
-        temperature: ctx.param("temperature")?,
-        top_p: ctx.param("top_p")?,
-        top_k: ctx.param("top_k")?,
-        max_new_tokens: ctx.param("max_new_tokens")?,
-        stop_strings: ctx.param("stop_strings")?,
-        stop_token_ids: vec![],
-    })
-}
-
 /// `group` jobs per prompt of `prompts` (read from `path`, named in errors). A prompt without a
 /// reference answer or not shorter than `context` is an error or a skip counted in the stage's
 /// `prompts_skipped_*` counters.
@@ -202,18 +237,16 @@ pub fn plan_jobs<'a>(
 /// depend on timing) and returns one generation per job; row seeds from (`seed`, prompt id,
 /// sample index), or with `group_seeds` the seed of sample 0 plus the sample index (an engine then
 /// samples a prompt's group in one request). See [`sample_seeded`].
-#[allow(clippy::too_many_arguments)]
 pub fn sample_jobs(
     ctx: &mut StageContext,
     sampler: &Sampler,
     tok: &Tokenizer,
     jobs: &[Job],
-    seed: u64,
-    batch_size: usize,
-    sampling: &SamplingParams,
+    p: &SamplerParams,
     label: &str,
     group_seeds: bool,
 ) -> Result<Vec<Generation>> {
+    let seed = p.seed;
     let seed_of = |j: &Job| {
         if group_seeds {
             row_seed(seed, &j.row.id, 0).wrapping_add(j.sample_idx as u64)
@@ -222,11 +255,11 @@ pub fn sample_jobs(
         }
     };
     let rows: Vec<(&[i64], u64)> = jobs.iter().map(|j| (j.ids.as_slice(), seed_of(j))).collect();
-    sample_seeded(ctx, sampler, tok, &rows, batch_size, sampling, label, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))
+    sample_seeded(ctx, sampler, tok, &rows, p, label, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))
 }
 
-/// Samples `rows` = (prompt ids, row seed) in batches of `batch_size` rows, in order (or, with the
-/// stage param `continuous_batching`, in `batch_size` slots refilled as rows finish), and returns
+/// Samples `rows` = (prompt ids, row seed) in batches of `batch_size` rows, in order (or, with
+/// `continuous_batching`, in `batch_size` slots refilled as rows finish), and returns
 /// one generation per row (`name(i)` names row i in errors). Counts `tokens_generated` and
 /// `rows_max_new_tokens_clamped`, sets the `decode_tok_s` metric and shows a progress bar.
 ///
@@ -234,41 +267,44 @@ pub fn sample_jobs(
 /// per-row token budget (the clamp the batches above would apply), and come back with the engine's
 /// token ids and chosen-token logprobs; entropies are estimated from the top `top_logprobs`
 /// logprobs when that is positive, else left empty (the rollout fills them in).
-#[allow(clippy::too_many_arguments)]
 pub fn sample_seeded(
     ctx: &mut StageContext,
     sampler: &Sampler,
     tok: &Tokenizer,
     rows: &[(&[i64], u64)],
-    batch_size: usize,
-    sampling: &SamplingParams,
+    p: &SamplerParams,
     label: &str,
     name: impl Fn(usize) -> String,
 ) -> Result<Vec<Generation>> {
+    let batch_size = p.batch_size;
     if batch_size == 0 {
         bail!("stage `{}`: batch_size must be positive", ctx.instance);
     }
+    let sampling = &p.sampling();
     let model = match sampler {
         Sampler::Local(m) => m,
-        Sampler::Http { engine, context, vocab } => return sample_http(ctx, engine, (*context, *vocab), tok, rows, batch_size, sampling, label, name),
+        Sampler::Http { engine, context, vocab, top_logprobs } => {
+            let batching = (batch_size, p.continuous_batching);
+            return sample_http(ctx, engine, (*context, *vocab, *top_logprobs), tok, rows, batching, sampling, label, name);
+        }
     };
     let context = model.cfg.max_position_embeddings as usize;
     let mut out = Vec::with_capacity(rows.len());
     let (mut generated, mut clamped) = (0i64, 0i64);
     let t0 = Instant::now();
     let mut progress = ctx.progress(rows.len() as u64, label);
-    if ctx.param::<bool>("continuous_batching")? {
+    if p.continuous_batching {
         // One request, `batch_size` slots: a finished row's slot takes the next row. The
         // context clamp then applies to the whole request (its longest prompt).
         let longest = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-        let mut p = sampling.clone();
-        if longest + p.max_new_tokens > context {
-            p.max_new_tokens = context.saturating_sub(longest);
+        let mut budget = sampling.clone();
+        if longest + budget.max_new_tokens > context {
+            budget.max_new_tokens = context.saturating_sub(longest);
             clamped = rows.len() as i64;
         }
         let prompts: Vec<Vec<i64>> = rows.iter().map(|r| r.0.to_vec()).collect();
         let seeds: Vec<u64> = rows.iter().map(|r| r.1).collect();
-        let gens = tch::no_grad(|| model::generate_continuous(model, Some(tok), &prompts, &seeds, &p, batch_size))
+        let gens = tch::no_grad(|| model::generate_continuous(model, Some(tok), &prompts, &seeds, &budget, batch_size))
             .with_context(|| format!("sampling {} .. {}", name(0), name(rows.len().saturating_sub(1))))?;
         generated = gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
         out = gens;
@@ -278,15 +314,15 @@ pub fn sample_seeded(
     for chunk in static_batches {
         let longest = chunk.iter().map(|r| r.0.len()).max().unwrap_or(0);
         // Never sample past the context window: shorten this batch's budget and count it.
-        let mut p = sampling.clone();
-        if longest + p.max_new_tokens > context {
-            p.max_new_tokens = context.saturating_sub(longest);
+        let mut budget = sampling.clone();
+        if longest + budget.max_new_tokens > context {
+            budget.max_new_tokens = context.saturating_sub(longest);
             clamped += chunk.len() as i64;
         }
         let prompts: Vec<Vec<i64>> = chunk.iter().map(|r| r.0.to_vec()).collect();
         let seeds: Vec<u64> = chunk.iter().map(|r| r.1).collect();
         let first = out.len();
-        let gens = tch::no_grad(|| model::generate(model, Some(tok), &prompts, &seeds, &p))
+        let gens = tch::no_grad(|| model::generate(model, Some(tok), &prompts, &seeds, &budget))
             .with_context(|| format!("sampling {} .. {}", name(first), name(first + chunk.len() - 1)))?;
         generated += gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
         out.extend(gens);
@@ -326,16 +362,15 @@ fn row_budgets(rows: &[(&[i64], u64)], batch_size: usize, continuous: bool, max_
 fn sample_http(
     ctx: &mut StageContext,
     engine: &HttpSampler,
-    (context, vocab): (usize, i64),
+    (context, vocab, top): (usize, i64, usize),
     tok: &Tokenizer,
     rows: &[(&[i64], u64)],
-    batch_size: usize,
+    (batch_size, continuous): (usize, bool),
     sampling: &SamplingParams,
     label: &str,
     name: impl Fn(usize) -> String,
 ) -> Result<Vec<Generation>> {
-    let top: usize = ctx.params.get("top_logprobs").and_then(|v| v.as_u64()).unwrap_or(0) as usize;
-    let (budgets, clamped) = row_budgets(rows, batch_size, ctx.param("continuous_batching").unwrap_or(false), sampling.max_new_tokens, context);
+    let (budgets, clamped) = row_budgets(rows, batch_size, continuous, sampling.max_new_tokens, context);
     let mut stop_ids = sampling.stop_token_ids.clone();
     stop_ids.extend(&tok.eos_ids);
     let t0 = Instant::now();
@@ -408,7 +443,7 @@ pub enum Entropies {
 }
 
 /// Stops the sampler and, when an engine sampled `gens` (after `prompts`), gives them entropies
-/// as param `entropies` says: `prefill` loads the checkpoint of input `policy` once the engine is
+/// as `logprobs.entropies` says: `prefill` loads the checkpoint of input `policy` once the engine is
 /// stopped (so the two never share the device) and records `engine_logprob_gap_max`, the largest
 /// difference between the engine's logprobs and the model core's; the metric `entropies` names
 /// the source (`topk-estimate` for estimates). The model core's own samples are left as they are.
@@ -419,16 +454,18 @@ pub fn engine_entropies(
     policy: &str,
     prompts: &[&[i64]],
     gens: &mut [Generation],
-    sampling: &SamplingParams,
+    p: &SamplerParams,
+    logprobs: EngineLogprobs,
     name: impl Fn(usize) -> String,
 ) -> Result<()> {
     if sampler.local().is_some() {
         return Ok(());
     }
     sampler.finish()?;
-    match ctx.param::<Entropies>("entropies")? {
+    let sampling = &p.sampling();
+    match logprobs.entropies {
         Entropies::Prefill => {
-            let (model, _) = super::load_policy(ctx, policy)?;
+            let (model, _) = super::load_policy_on(ctx, policy, p.device, p.dtype)?;
             let mut gap = 0f32;
             let mut progress = ctx.progress(gens.len() as u64, "entropies (prefill)");
             for (i, (prompt, g)) in prompts.iter().zip(gens.iter_mut()).enumerate() {
@@ -443,7 +480,7 @@ pub fn engine_entropies(
             ctx.metric("engine_logprob_gap_max", gap as f64);
         }
         Entropies::Topk => {
-            if ctx.param::<u64>("top_logprobs")? == 0 {
+            if logprobs.top_logprobs == 0 {
                 bail!("stage `{}`: entropies = \"topk\" needs top_logprobs > 0", ctx.instance);
             }
             ctx.metric("entropies", "topk-estimate");

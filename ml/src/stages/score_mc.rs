@@ -28,9 +28,9 @@ use rredcot::engine::StageContext;
 use rredcot::math::extract;
 use serde::{Deserialize, Serialize};
 
-use super::sampling::{row_seed, sample_seeded, sampling_params, split_answer, Thinking};
+use super::sampling::{row_seed, sample_seeded, split_answer, SamplerParams};
 use crate::traces::{write_scores, TraceInputs};
-use super::{load_sampler, set_threads};
+use super::{load_sampler, use_threads};
 use crate::model::FinishReason;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -38,6 +38,18 @@ use crate::model::FinishReason;
 enum Lost {
     Keep,
     Drop,
+}
+
+/// The stage's own params beside [`SamplerParams`] (stages/score_mc.toml documents them;
+/// score_progress's `mc` estimate reads the same).
+#[derive(Debug, serde::Deserialize)]
+pub struct McParams {
+    /// Completions per exit point.
+    pub k: usize,
+    pub normalize: Normalize,
+    lost: Lost,
+    /// Bootstrap resamples per exit point for the `mc_sd` table.
+    bootstrap: usize,
 }
 
 /// One row of the `completions` output.
@@ -107,27 +119,22 @@ struct Exit {
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    mc_values(ctx, "policy", "mc", true)
+    let (sampling, mc): (SamplerParams, McParams) = (ctx.params()?, ctx.params()?);
+    mc_values(ctx, &sampling, &mc, "policy", "mc", true)
 }
 
 /// The stage's work with the sampling model wired to input `model_input` and `method` in the
 /// score rows; `score_progress` reuses it with its prover (and without the extra tables).
-pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables: bool) -> Result<()> {
-    set_threads(ctx)?;
-    let k: usize = ctx.param("k")?;
-    let seed: u64 = ctx.param("seed")?;
-    let batch: usize = ctx.param("batch_size")?;
-    let normalize: Normalize = ctx.param("normalize")?;
-    let lost_rule: Lost = ctx.param("lost")?;
-    let reps: usize = ctx.param("bootstrap")?;
-    let sampling = sampling_params(ctx)?;
-    let thinking: Thinking = ctx.param("thinking")?;
+pub fn mc_values(ctx: &mut StageContext, sampling: &SamplerParams, p: &McParams, model_input: &str, method: &str, tables: bool) -> Result<()> {
+    use_threads(sampling.threads);
+    let (k, seed, normalize, lost_rule, reps) = (p.k, sampling.seed, p.normalize, p.lost, p.bootstrap);
+    let thinking = sampling.thinking;
     if k == 0 {
         bail!("stage `{}`: k must be positive", ctx.instance);
     }
     let inputs = TraceInputs::read(ctx)?;
     let traces = inputs.traces()?;
-    let (sampler, tok) = load_sampler(ctx, model_input)?;
+    let (sampler, tok) = load_sampler(ctx, model_input, sampling, 0)?;
 
     let mut exits = Vec::new();
     let mut golds = Vec::with_capacity(traces.len());
@@ -152,7 +159,7 @@ pub fn mc_values(ctx: &mut StageContext, model_input: &str, method: &str, tables
         format!("{} exit {} completion {}", traces[e.trace].at, e.t, r % k)
     };
     let t0 = std::time::Instant::now();
-    let gens = sample_seeded(ctx, &sampler, &tok, &rows, batch, &sampling, "mc", &name)?;
+    let gens = sample_seeded(ctx, &sampler, &tok, &rows, sampling, "mc", &name)?;
     sampler.finish()?;
     let forward_tokens: usize = rows.iter().zip(&gens).map(|(r, g)| r.0.len() + g.tokens.len()).sum();
 
@@ -258,6 +265,13 @@ mod tests {
         assert_ne!(s(0, 0), s(1, 0));
         assert_ne!(completion_seed(0, "p", 1, 0, 0), completion_seed(0, "p", 2, 0, 0));
         assert_eq!(s(3, 4), s(3, 4));
+    }
+
+    #[test]
+    fn the_params_struct_reads_every_param_of_the_stage_file() {
+        use super::super::tests::{assert_reads_every_param, sampling_stage};
+        let p: McParams = assert_reads_every_param("score_mc", sampling_stage);
+        assert_eq!((p.k, p.lost), (20, Lost::Keep));
     }
 
     #[test]

@@ -18,7 +18,9 @@ use rredcot::engine::StageContext;
 
 use super::score_mc::mc_values;
 use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
-use super::{load_policy, set_threads};
+use super::sampling::SamplerParams;
+use super::score_mc::McParams;
+use super::{load_policy_on, use_threads};
 use crate::model::{logprob, DecoderLm, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -26,6 +28,15 @@ use crate::model::{logprob, DecoderLm, Tokenizer};
 enum Estimate {
     Mc,
     Prefill,
+}
+
+/// The stage's own params beside [`SamplerParams`] and score_mc's [`McParams`]
+/// (stages/score_progress.toml documents them): which estimate and, for `prefill`, the answer y*
+/// it scores.
+#[derive(Debug, serde::Deserialize)]
+struct ProgressParams {
+    estimate: Estimate,
+    answer_template: String,
 }
 
 /// V_t = p(y* | x, u_1..u_t) for t = 0..T, and Δ_t as the credit.
@@ -41,15 +52,23 @@ fn prefill_values(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    match ctx.param::<Estimate>("estimate")? {
-        Estimate::Mc => mc_values(ctx, "prover", "progress", false),
+    let (s, mc, p): (SamplerParams, McParams, ProgressParams) = (ctx.params()?, ctx.params()?, ctx.params()?);
+    match p.estimate {
+        Estimate::Mc => mc_values(ctx, &s, &mc, "prover", "progress", false),
         Estimate::Prefill => {
-            set_threads(ctx)?;
-            let template: String = ctx.param("answer_template")?;
-            let batch: usize = ctx.param("batch_size")?;
-            let (model, tok) = load_policy(ctx, "prover")?;
-            let normalize = ctx.param("normalize")?;
-            score_attribution(ctx, "progress", normalize, |trace| prefill_values(&model, &tok, trace, &template, batch))
+            use_threads(s.threads);
+            let (model, tok) = load_policy_on(ctx, "prover", s.device, s.dtype)?;
+            score_attribution(ctx, "progress", mc.normalize, |trace| prefill_values(&model, &tok, trace, &p.answer_template, s.batch_size))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_params_struct_reads_every_param_of_the_stage_file() {
+        use super::super::tests::{assert_reads_every_param, sampling_stage_and};
+        let (_, p) = assert_reads_every_param("score_progress", sampling_stage_and::<super::McParams, super::ProgressParams>);
+        assert_eq!(p.estimate, super::Estimate::Mc);
     }
 }
