@@ -169,12 +169,13 @@ const UNANCHORED: u16 = 300;
 /// profit after that point ($y>0$)": a condition, not the answer) as nothing, anything else by
 /// [`read`].
 fn read_candidate(c: &extract::Candidate) -> Option<Read> {
+    if c.priority >= UNANCHORED && parse::is_inequality(&normalize::normalize(&c.text)) {
+        return None;
+    }
     if c.plain {
         return read(&normalize::normalize(&c.text));
     }
-    if lone_variable_with_stop(&c.text)
-        || (c.priority >= UNANCHORED && parse::is_inequality(&normalize::normalize(&c.text)))
-    {
+    if lone_variable_with_stop(&c.text) {
         return None;
     }
     c.text
@@ -614,6 +615,8 @@ mod tests {
         let r = "It breaks even at $x=11$ and makes a profit after that point ($y>0$).";
         assert_eq!(verify_response("11", r).extracted.as_deref(), Some("x=11"));
         assert!(verify_response("(0, \\infty)", "The answer is $y > 0$.").correct);
+        assert!(!verify_response("(-\\infty, 3)", "So it holds for x < 3").correct);
+        assert!(verify_response("(-\\infty, 3)", "The answer: x < 3").correct);
         // Not one unknown: `b^2+2b-15 <= 0` is b in [-5, 3], not (-inf, 0]; not read.
         assert!(!verify("b^2 +2b - 15 \\le 0", "(-\\infty, 0]"));
     }
