@@ -140,7 +140,7 @@ pub fn greedy_accuracy(model: &DecoderLm, tok: &Tokenizer, rows: &[PromptRow], m
             let text = tok.decode(&g.tokens, true)?;
             let gold = row.answer.as_deref().with_context(|| format!("eval problem {}: no reference answer", row.id))?;
             // Judged like a rollout: the answer after the end of thinking.
-            if super::sampling::split_answer(tok, super::sampling::Thinking::Auto, gold, &g.tokens, &text)?.verdict.correct {
+            if crate::sampling::split_answer(tok, crate::sampling::Thinking::Auto, gold, &g.tokens, &text)?.verdict.correct {
                 correct += 1;
             }
         }

@@ -11,7 +11,7 @@ use rredcot::engine::StageContext;
 use rredcot::evaluation::{summarize, Grader};
 use rredcot::prompt_text::prompt_text;
 
-use super::sampling::{plan_jobs, sample_jobs, split_answer, window, OnBadPrompt, SamplerParams};
+use crate::sampling::{plan_jobs, sample_jobs, split_answer, window, OnBadPrompt, SamplerParams};
 use super::{load_sampler, use_threads};
 
 /// The stage's own params beside [`SamplerParams`] (stages/eval.toml documents them).

@@ -4,11 +4,9 @@
 
 pub mod bootstrap_sft;
 pub mod eval;
-pub mod http_backend;
 pub mod judge_local;
 pub mod reset;
 pub mod rollout;
-pub mod sampling;
 pub mod score_grad;
 pub mod score_loo;
 pub mod score_mc;
@@ -17,6 +15,7 @@ pub mod score_sigma;
 pub mod update;
 
 use anyhow::{Context, Result};
+use crate::sampling::{http, Sampler, SamplerParams};
 use rredcot::engine::{BuiltinFn, Runtime, StageContext};
 use rredcot::stages::{light_builtin, CATALOG};
 
@@ -73,18 +72,18 @@ fn load_policy_on(
 
 /// The sampler of a sampling stage (param `backend`) over the checkpoint wired to input `name`,
 /// with the checkpoint's tokenizer: the model core on the stage's device in its dtype, or an
-/// inference engine ([`http_backend`]; only the config and tokenizer are read here) that returns
+/// inference engine ([`crate::sampling::http`]; only the config and tokenizer are read here) that returns
 /// `top_logprobs` logprobs per token.
-fn load_sampler(ctx: &StageContext, name: &str, p: &sampling::SamplerParams, top_logprobs: usize) -> Result<(sampling::Sampler, Tokenizer)> {
-    let http: http_backend::HttpParams = ctx.params()?;
+fn load_sampler(ctx: &StageContext, name: &str, p: &SamplerParams, top_logprobs: usize) -> Result<(Sampler, Tokenizer)> {
+    let engine_params: http::HttpParams = ctx.params()?;
     match p.backend {
-        http_backend::Backend::Local => load_policy_on(ctx, name, p.device, p.dtype).map(|(m, t)| (sampling::Sampler::Local(m), t)),
-        http_backend::Backend::Http => {
+        http::Backend::Local => load_policy_on(ctx, name, p.device, p.dtype).map(|(m, t)| (Sampler::Local(m), t)),
+        http::Backend::Http => {
             let path = ctx.input(name)?;
             let (cfg, tok) = model::load_config(path).with_context(|| format!("input `{name}` ({}): the http backend needs a checkpoint directory", path.display()))?;
             let tok = tok.with_context(|| format!("input `{name}` ({}): no tokenizer.json in the checkpoint", path.display()))?;
-            let engine = http_backend::HttpSampler::open(ctx, name, &http, p.seed)?;
-            Ok((sampling::Sampler::Http { engine, context: cfg.max_position_embeddings as usize, vocab: cfg.vocab_size, top_logprobs }, tok))
+            let engine = http::HttpSampler::open(ctx, name, &engine_params, p.seed)?;
+            Ok((Sampler::Http { engine, context: cfg.max_position_embeddings as usize, vocab: cfg.vocab_size, top_logprobs }, tok))
         }
     }
 }
@@ -96,16 +95,16 @@ pub(crate) mod tests {
 
     type Params = serde_json::Map<String, serde_json::Value>;
 
-    /// What a sampling stage reads: the shared [`SamplerParams`](super::sampling::SamplerParams),
+    /// What a sampling stage reads: the shared [`SamplerParams`](super::SamplerParams),
     /// the http backend's and its own struct `P`, each from the same params.
     pub(crate) fn sampling_stage<P: serde::de::DeserializeOwned>(kind: &str, params: &Params) -> anyhow::Result<P> {
-        parse_params::<super::sampling::SamplerParams>(kind, params)?;
-        parse_params::<super::http_backend::HttpParams>(kind, params)?;
+        parse_params::<super::SamplerParams>(kind, params)?;
+        parse_params::<super::http::HttpParams>(kind, params)?;
         parse_params(kind, params)
     }
 
     /// [`sampling_stage`] for a stage that also reads a second shared struct `E` (e.g.
-    /// [`EngineLogprobs`](super::sampling::EngineLogprobs)); returns both.
+    /// [`EngineLogprobs`](crate::sampling::EngineLogprobs)); returns both.
     pub(crate) fn sampling_stage_and<E: serde::de::DeserializeOwned, P: serde::de::DeserializeOwned>(kind: &str, params: &Params) -> anyhow::Result<(E, P)> {
         Ok((parse_params(kind, params)?, sampling_stage(kind, params)?))
     }

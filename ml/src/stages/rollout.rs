@@ -11,7 +11,7 @@
 //! With `group_requests = true` sample i's seed is instead the seed of sample 0 plus i (vLLM's
 //! seeds for the n choices of one request), so an engine gets one request per prompt.
 //!
-//! `backend = "http"` samples through an inference engine ([`super::http_backend`]); its token
+//! `backend = "http"` samples through an inference engine ([`crate::sampling::http`]); its token
 //! ids and chosen-token logprobs are kept as it returned them. Entropies (param `entropies`):
 //! `prefill` = exact, from one prefill of each finished completion in the model core after the
 //! engine stopped (also records how far the engine's logprobs are from the model core's,
@@ -24,10 +24,10 @@ use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::StageContext;
 
-use super::sampling::{engine_entropies, plan_jobs, sample_jobs, split_answer, window, EngineLogprobs, OnBadPrompt, SamplerParams};
-use super::{load_sampler, use_threads};
+use crate::sampling::{engine_entropies, plan_jobs, sample_jobs, split_answer, window, EngineLogprobs, OnBadPrompt, SamplerParams};
+use super::{load_policy_on, load_sampler, use_threads};
 
-pub use super::sampling::row_seed;
+pub use crate::sampling::row_seed;
 
 /// The stage's own params beside [`SamplerParams`] and [`EngineLogprobs`] (stages/rollout.toml
 /// documents them).
@@ -58,7 +58,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let jobs = plan_jobs(ctx, &prompts, &prompts_path, &tok, context, group, p.on_bad_prompt)?;
     let mut gens = sample_jobs(ctx, &sampler, &tok, &jobs, &sampling, "rollouts", p.group_requests)?;
     let prompts_ids: Vec<&[i64]> = jobs.iter().map(|j| j.ids.as_slice()).collect();
-    engine_entropies(ctx, sampler, "policy", &prompts_ids, &mut gens, &sampling, logprobs, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?;
+    engine_entropies(ctx, sampler, |ctx| Ok(load_policy_on(ctx, "policy", sampling.device, sampling.dtype)?.0), &prompts_ids, &mut gens, &sampling, logprobs, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?;
     let thinking = sampling.thinking;
     let rows: Vec<RolloutRow> = jobs
         .iter()
@@ -98,7 +98,7 @@ mod tests {
         use super::super::tests::{assert_reads_every_param, sampling_stage_and, shipped_params};
         let read = sampling_stage_and::<super::EngineLogprobs, super::RolloutParams>;
         let (logprobs, p) = assert_reads_every_param("rollout", read);
-        assert_eq!((logprobs.entropies, p.group_size), (super::super::sampling::Entropies::Prefill, 4));
+        assert_eq!((logprobs.entropies, p.group_size), (crate::sampling::Entropies::Prefill, 4));
         let mut typo = shipped_params("rollout");
         typo.insert("temperature".into(), "hot".into());
         let e = read("grpo.rollout[0]", &typo).unwrap_err().to_string();

@@ -28,7 +28,7 @@ use rredcot::engine::StageContext;
 use rredcot::math::extract;
 use serde::{Deserialize, Serialize};
 
-use super::sampling::{row_seed, sample_seeded, split_answer, SamplerParams};
+use crate::sampling::{row_seed, sample_seeded, split_answer, SamplerParams};
 use crate::traces::{write_scores, TraceInputs};
 use super::{load_sampler, use_threads};
 use crate::model::FinishReason;

@@ -18,7 +18,7 @@ use rredcot::engine::StageContext;
 
 use super::score_mc::mc_values;
 use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
-use super::sampling::SamplerParams;
+use crate::sampling::SamplerParams;
 use super::score_mc::McParams;
 use super::{load_policy_on, use_threads};
 use crate::model::{logprob, DecoderLm, Tokenizer};

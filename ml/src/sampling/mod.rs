@@ -3,7 +3,7 @@
 //! where a completion's chain of thought ends and its answer begins ([`split_answer`]).
 //!
 //! Every sampling stage samples through a [`Sampler`] (param `backend`): the model core in this
-//! process, or an OpenAI-compatible inference engine ([`super::http_backend`]). Both get the same
+//! process, or an OpenAI-compatible inference engine ([`http`]). Both get the same
 //! rows, seeds and context clamp, so on `rredcot serve` the two give the same tokens.
 
 use anyhow::{bail, Context, Result};
@@ -16,7 +16,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::traces::encode_prompt;
-use super::http_backend::{plan_requests, topk_entropy, Backend, HttpSampler};
+pub mod http;
+
+use self::http::{plan_requests, topk_entropy, Backend, HttpSampler};
 use crate::model::{self, DecoderLm, DeviceChoice, DtypeChoice, Generation, SamplingParams, Tokenizer};
 
 /// The params every sampling stage has (rollout, eval, reset_*, score_mc, score_progress): the
@@ -443,7 +445,7 @@ pub enum Entropies {
 }
 
 /// Stops the sampler and, when an engine sampled `gens` (after `prompts`), gives them entropies
-/// as `logprobs.entropies` says: `prefill` loads the checkpoint of input `policy` once the engine is
+/// as `logprobs.entropies` says: `prefill` loads the policy (`load_policy`) once the engine is
 /// stopped (so the two never share the device) and records `engine_logprob_gap_max`, the largest
 /// difference between the engine's logprobs and the model core's; the metric `entropies` names
 /// the source (`topk-estimate` for estimates). The model core's own samples are left as they are.
@@ -451,7 +453,7 @@ pub enum Entropies {
 pub fn engine_entropies(
     ctx: &mut StageContext,
     sampler: Sampler,
-    policy: &str,
+    load_policy: impl FnOnce(&StageContext) -> Result<DecoderLm>,
     prompts: &[&[i64]],
     gens: &mut [Generation],
     p: &SamplerParams,
@@ -465,7 +467,7 @@ pub fn engine_entropies(
     let sampling = &p.sampling();
     match logprobs.entropies {
         Entropies::Prefill => {
-            let (model, _) = super::load_policy_on(ctx, policy, p.device, p.dtype)?;
+            let model = load_policy(ctx)?;
             let mut gap = 0f32;
             let mut progress = ctx.progress(gens.len() as u64, "entropies (prefill)");
             for (i, (prompt, g)) in prompts.iter().zip(gens.iter_mut()).enumerate() {

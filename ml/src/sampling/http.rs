@@ -1,6 +1,6 @@
 //! The `http` sampling backend: completions from an OpenAI-compatible inference engine (vLLM,
 //! SGLang, `rredcot serve`) instead of the model core, for every stage that samples (rollout,
-//! eval, MC values, resets' continuations; see [`super::sampling::sample_seeded`]).
+//! eval, MC values, resets' continuations; see [`super::sample_seeded`]).
 //!
 //! The engine follows the policy: with `server_command` the stage starts it over the input
 //! checkpoint (placeholders `{policy}`, `{policy_hash}`, `{port}`, `{seed}`, `{rredcot}`), waits
