@@ -301,10 +301,19 @@ fn locate(ctx: &mut StageContext, locator: Locator) -> Result<(Vec<Located>, BTr
     Ok((located, counts))
 }
 
+/// The stage's params (stages/credit_benchmark.toml documents them).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BenchmarkParams {
+    title: String,
+    /// Per scored method, which segment it blames (default per method kind).
+    pub(super) blame: BTreeMap<String, Blame>,
+    /// Where the first wrong step comes from.
+    locator: Locator,
+}
+
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    let title: String = ctx.param("title")?;
-    let blame_params: BTreeMap<String, Blame> = ctx.param("blame")?;
-    let locator: Locator = ctx.param("locator")?;
+    let BenchmarkParams { title, blame: blame_params, locator } = ctx.params()?;
     let out = ctx.output("report")?.to_path_buf();
     let scores: Vec<(String, PathBuf)> = members(ctx, "scores").into_iter().map(|(l, p)| (l.to_string(), p.to_path_buf())).collect();
     let resets: Vec<(String, PathBuf)> = members(ctx, "resets").into_iter().map(|(l, p)| (l.to_string(), p.to_path_buf())).collect();

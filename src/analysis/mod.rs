@@ -75,10 +75,21 @@ fn write_table<T: Serialize>(dir: &Path, name: &str, rows: &[T], header: &[&str]
     Ok(md)
 }
 
+/// The stage's params (stages/analysis.toml documents them).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnalysisParams {
+    title: String,
+    /// Fig. 4: the method σ is correlated with, and the position bins along the trace.
+    reference: String,
+    bins: usize,
+    /// Fig. 7: the SD line drawn.
+    sd_threshold: f64,
+}
+
 /// Fig. 4: `correlations` table and the two line charts, or the line saying why it was skipped.
-fn fig4(ctx: &mut StageContext, out: &Path, md: &mut String, figures: &mut Vec<PathBuf>) -> Result<()> {
-    let reference: String = ctx.param("reference")?;
-    let bins: usize = ctx.param("bins")?;
+fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String, figures: &mut Vec<PathBuf>) -> Result<()> {
+    let (reference, bins) = (p.reference.as_str(), p.bins);
     let scores: Vec<(String, PathBuf)> = members(ctx, "scores").into_iter().map(|(l, p)| (l.to_string(), p.to_path_buf())).collect();
     *md += &format!("## Fig. 4: correlation of σ with `{reference}` along the trace\n\n");
     if scores.is_empty() {
@@ -206,8 +217,8 @@ fn fig3(ctx: &mut StageContext, out: &Path, md: &mut String, figures: &mut Vec<P
 }
 
 /// Fig. 7: `mc_sd` table and chart with the threshold line.
-fn fig7(ctx: &mut StageContext, out: &Path, md: &mut String, figures: &mut Vec<PathBuf>) -> Result<()> {
-    let threshold: f64 = ctx.param("sd_threshold")?;
+fn fig7(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String, figures: &mut Vec<PathBuf>) -> Result<()> {
+    let threshold = p.sd_threshold;
     *md += "## Fig. 7: SD of the MC value estimate vs completions\n\n";
     let mut groups: Vec<(String, Vec<SdRow>)> = Vec::new();
     for (label, path) in members(ctx, "mc_sd") {
@@ -255,7 +266,8 @@ fn fig7(ctx: &mut StageContext, out: &Path, md: &mut String, figures: &mut Vec<P
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    let title: String = ctx.param("title")?;
+    let p: AnalysisParams = ctx.params()?;
+    let title = p.title.clone();
     let out = ctx.output("report")?.to_path_buf();
     let groups = ["scores", "completions", "mc_sd"];
     if groups.iter().all(|g| members(ctx, g).is_empty()) {
@@ -263,9 +275,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
     let mut md = format!("# {title}\n\n");
     let mut figures: Vec<PathBuf> = Vec::new();
-    fig4(ctx, &out, &mut md, &mut figures)?;
+    fig4(ctx, &p, &out, &mut md, &mut figures)?;
     fig3(ctx, &out, &mut md, &mut figures)?;
-    fig7(ctx, &out, &mut md, &mut figures)?;
+    fig7(ctx, &p, &out, &mut md, &mut figures)?;
     if !figures.is_empty() {
         md += &figures_section(&figures);
     }
@@ -287,6 +299,20 @@ mod tests {
     use serde_json::{json, Map, Value};
 
     use super::*;
+
+    #[test]
+    fn the_params_structs_read_the_shipped_stage_files() {
+        use crate::engine::context::parse_params;
+        use crate::stages::shipped_defaults;
+        let a: AnalysisParams = parse_params("analysis", &shipped_defaults("analysis")).unwrap();
+        assert_eq!((a.reference.as_str(), a.bins), ("mc20", 5));
+        let b: credit_benchmark::BenchmarkParams = parse_params("credit_benchmark", &shipped_defaults("credit_benchmark")).unwrap();
+        assert!(b.blame.is_empty());
+        let mut typo = shipped_defaults("analysis");
+        typo.insert("bin".into(), 3.into());
+        let e = parse_params::<AnalysisParams>("analysis", &typo).unwrap_err().to_string();
+        assert!(e.contains("stage `analysis`") && e.contains("unknown field `bin`"), "{e}");
+    }
 
     /// A context for the `analysis` stage with hand-made inputs `name -> (schema, file)` in `dir`.
     fn ctx(dir: &Path, inputs: &[(&str, Schema)], params: Value) -> StageContext {

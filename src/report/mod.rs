@@ -182,19 +182,32 @@ struct Trace {
     v: Vec<f64>,
 }
 
+/// The stage's params (stages/report.toml documents them).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReportParams {
+    title: String,
+    /// The row the others are compared with.
+    base: String,
+    /// Row order (empty: every `evals.<row>` input, base first).
+    rows: Vec<String>,
+    /// The trace shown with its σ ("" = the first correct scored rollout).
+    trace_prompt_id: String,
+    trace_sample_idx: i32,
+}
+
 /// The trace shown for `label`: `trace_prompt_id`/`trace_sample_idx` if set, else the first
 /// correct rollout that was scored (else the first scored one).
-fn load_trace(ctx: &StageContext, label: &str) -> Result<Trace> {
+fn load_trace(ctx: &StageContext, p: &ReportParams, label: &str) -> Result<Trace> {
     let input = |what: &str| ctx.input(&format!("trace_{what}.{label}")).map(Path::to_path_buf);
     let scores: Vec<ScoreRow> = read_rows(&input("scores")?, Schema::Scores)?;
     let rollouts: Vec<RolloutRow> = read_rows(&input("rollouts")?, Schema::Rollouts)?;
     let segments: Vec<SegmentRow> = read_rows(&input("segments")?, Schema::Segments)?;
     let tok = crate::stages::tokenizer_train::load(&input("tokenizer")?)?;
-    let want_id: String = ctx.param("trace_prompt_id")?;
-    let want_sample: i32 = ctx.param("trace_sample_idx")?;
+    let (want_id, want_sample) = (&p.trace_prompt_id, p.trace_sample_idx);
     let rollout_of = |s: &ScoreRow| rollouts.iter().find(|r| r.prompt_id == s.prompt_id && r.sample_idx == s.sample_idx);
     let score = if !want_id.is_empty() {
-        scores.iter().find(|s| s.prompt_id == want_id && s.sample_idx == want_sample)
+        scores.iter().find(|s| &s.prompt_id == want_id && s.sample_idx == want_sample)
     } else {
         scores.iter().find(|s| rollout_of(s).is_some_and(|r| r.reward > 0.0)).or(scores.first())
     };
@@ -231,9 +244,8 @@ fn load_trace(ctx: &StageContext, label: &str) -> Result<Trace> {
 }
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
-    let title: String = ctx.param("title")?;
-    let base: String = ctx.param("base")?;
-    let wanted_rows: Vec<String> = ctx.param("rows")?;
+    let p: ReportParams = ctx.params()?;
+    let (title, base, wanted_rows) = (p.title.clone(), p.base.clone(), p.rows.clone());
     let out = ctx.output("report")?.to_path_buf();
 
     // `evals.<row>` or `evals.<row>/<part>`: a row may gather several eval artifacts (e.g. one
@@ -343,7 +355,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
     let trace_labels: Vec<String> = members(ctx, "trace_scores").iter().map(|(l, _)| l.to_string()).collect();
     for label in &trace_labels {
-        let t = load_trace(ctx, label)?;
+        let t = load_trace(ctx, &p, label)?;
         let what = format!("{} trace: prompt {} sample {} (reward {})", t.label, t.prompt_id, t.sample_idx, t.reward);
         figures.extend(plots::sigma_heatmap(&out.join(format!("sigma_heatmap_{label}")), &format!("σ per segment, {what}"), &t.segments)?);
         let xs = |v: &[f64]| v.iter().enumerate().map(|(i, y)| (i as f64, *y)).collect::<Vec<_>>();
@@ -380,4 +392,13 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     std::fs::write(out.join("results.tex"), tex)?;
     ctx.count("figures", figures.len() as i64);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_params_struct_reads_the_shipped_stage_file() {
+        let p: super::ReportParams = crate::engine::context::parse_params("report", &crate::stages::shipped_defaults("report")).unwrap();
+        assert_eq!((p.base.as_str(), p.trace_sample_idx), ("base", 0));
+    }
 }

@@ -49,9 +49,44 @@ fn read_table(ctx: &StageContext, input: &str) -> anyhow::Result<(Vec<i64>, Vec<
     Ok((i.values().to_vec(), x.values().to_vec()))
 }
 
-/// Optional delay so tests can kill a run while a stage is busy.
-fn maybe_sleep(ctx: &StageContext) -> anyhow::Result<()> {
-    let ms: u64 = ctx.param("sleep_ms")?;
+/// Params of `demo_numbers` (every demo stage has `sleep_ms`: an optional delay so tests can kill
+/// a run while a stage is busy).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NumbersParams {
+    n: usize,
+    seed: u64,
+    sleep_ms: u64,
+}
+
+/// Params of `demo_scale`; `threads` is a speed hint that does not change results.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScaleParams {
+    factor: f64,
+    digits: i32,
+    #[allow(dead_code)]
+    threads: i64,
+    sleep_ms: u64,
+}
+
+/// Params of `demo_sum`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SumParams {
+    sleep_ms: u64,
+}
+
+/// Params of `demo_step`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepParams {
+    decay: f64,
+    sleep_ms: u64,
+}
+
+/// Sleeps `ms` in ten steps with progress.
+fn maybe_sleep(ctx: &StageContext, ms: u64) -> anyhow::Result<()> {
     if ms > 0 {
         let mut p = ctx.progress(10, "sleeping");
         for _ in 0..10 {
@@ -64,9 +99,8 @@ fn maybe_sleep(ctx: &StageContext) -> anyhow::Result<()> {
 
 /// `n` seeded random numbers.
 pub fn numbers(ctx: &mut StageContext) -> anyhow::Result<()> {
-    let n: usize = ctx.param("n")?;
-    let seed: u64 = ctx.param("seed")?;
-    maybe_sleep(ctx)?;
+    let NumbersParams { n, seed, sleep_ms } = ctx.params()?;
+    maybe_sleep(ctx, sleep_ms)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let x: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..1.0)).collect();
     write_batch(ctx.output("table")?, &table((0..n as i64).collect(), x))?;
@@ -76,10 +110,8 @@ pub fn numbers(ctx: &mut StageContext) -> anyhow::Result<()> {
 
 /// x * factor, rounded to `digits` decimals; `threads` is a speed hint that does not change results.
 pub fn scale(ctx: &mut StageContext) -> anyhow::Result<()> {
-    let factor: f64 = ctx.param("factor")?;
-    let digits: i32 = ctx.param("digits")?;
-    let _threads: i64 = ctx.param("threads")?;
-    maybe_sleep(ctx)?;
+    let ScaleParams { factor, digits, sleep_ms, .. } = ctx.params()?;
+    maybe_sleep(ctx, sleep_ms)?;
     let (i, x) = read_table(ctx, "table")?;
     let m = 10f64.powi(digits);
     let y = x.iter().map(|v| (v * factor * m).round() / m).collect();
@@ -89,7 +121,8 @@ pub fn scale(ctx: &mut StageContext) -> anyhow::Result<()> {
 
 /// One row: the sum of x.
 pub fn sum(ctx: &mut StageContext) -> anyhow::Result<()> {
-    maybe_sleep(ctx)?;
+    let SumParams { sleep_ms } = ctx.params()?;
+    maybe_sleep(ctx, sleep_ms)?;
     let (_, x) = read_table(ctx, "table")?;
     write_batch(ctx.output("table")?, &table(vec![0], vec![x.iter().sum()]))?;
     Ok(())
@@ -97,11 +130,30 @@ pub fn sum(ctx: &mut StageContext) -> anyhow::Result<()> {
 
 /// One step of an iterated computation: x <- x * decay + 1 (a stand-in for a training step).
 pub fn step(ctx: &mut StageContext) -> anyhow::Result<()> {
-    let decay: f64 = ctx.param("decay")?;
-    maybe_sleep(ctx)?;
+    let StepParams { decay, sleep_ms } = ctx.params()?;
+    maybe_sleep(ctx, sleep_ms)?;
     let (i, x) = read_table(ctx, "state")?;
     let y = x.iter().map(|v| v * decay + 1.0).collect();
     write_batch(ctx.output("state")?, &table(i, y))?;
     ctx.count("steps", 1);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::context::parse_params;
+    use crate::stages::shipped_defaults;
+
+    #[test]
+    fn the_params_structs_read_the_shipped_stage_files() {
+        let n: super::NumbersParams = parse_params("demo_numbers", &shipped_defaults("demo_numbers")).unwrap();
+        let s: super::ScaleParams = parse_params("demo_scale", &shipped_defaults("demo_scale")).unwrap();
+        let _: super::SumParams = parse_params("demo_sum", &shipped_defaults("demo_sum")).unwrap();
+        let t: super::StepParams = parse_params("demo_step", &shipped_defaults("demo_step")).unwrap();
+        assert_eq!((n.n, s.factor, t.decay), (100, 2.0, 0.5));
+        let mut typo = shipped_defaults("demo_scale");
+        typo.insert("digits".into(), "six".into());
+        let e = parse_params::<super::ScaleParams>("s", &typo).unwrap_err().to_string();
+        assert!(e.contains("stage `s`: param `digits` = \"six\""), "{e}");
+    }
 }
