@@ -7,6 +7,7 @@
 //! - [`analysis`]: the paper's analysis figures (Fig. 3, 4, 7) from scored traces
 //! - [`math`]: math answer verifier (extraction, normalization, equivalence)
 //! - [`prompt_text`]: a prompt's problem text and the normalized hash that identifies a problem
+//! - [`tokenizer_file`]: loading a `tokenizer.json` for the stages that tokenize without the model
 //! - [`judge`]: the LLM judge ensemble (templates, votes, OpenAI-compatible client, reply cache)
 //!
 //! This package never depends on tch: the model core and ML stages are the `rredcot-ml` package
@@ -24,6 +25,7 @@ pub mod math;
 pub mod prompt_text;
 pub mod report;
 pub mod stages;
+pub mod tokenizer_file;
 
 /// rredcot's version and those of the dependencies that shape results (from Cargo.lock at build).
 pub fn versions() -> std::collections::BTreeMap<String, String> {

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -47,15 +47,6 @@ impl StageContext {
     /// does not read an error too). Errors name the stage and the param.
     pub fn params<P: DeserializeOwned>(&self) -> anyhow::Result<P> {
         parse_params(&self.instance, &self.params)
-    }
-
-    pub fn param<T: DeserializeOwned>(&self, name: &str) -> anyhow::Result<T> {
-        let v = self
-            .params
-            .get(name)
-            .ok_or_else(|| anyhow!("stage `{}`: missing param `{name}`", self.instance))?;
-        serde_json::from_value(v.clone())
-            .with_context(|| format!("stage `{}`: param `{name}` = {v}", self.instance))
     }
 
     pub fn input(&self, name: &str) -> anyhow::Result<&Path> {

@@ -245,7 +245,7 @@ fn credit_benchmark_locates_real_errors_and_scores_methods_as_recomputed() {
     let prompts: Vec<PromptRow> = read_rows(&output(&store, &s, "taskgen", "eval"), Schema::Prompts).unwrap();
     let rollouts: Vec<RolloutRow> = read_rows(&output(&store, &s, "rollout", "rollouts"), Schema::Rollouts).unwrap();
     let segments: Vec<SegmentRow> = read_rows(&output(&store, &s, "segment", "segments"), Schema::Segments).unwrap();
-    let tok = rredcot::stages::tokenizer_train::load(&output(&store, &s, "sft", "model")).unwrap();
+    let tok = rredcot::tokenizer_file::load(&output(&store, &s, "sft", "model")).unwrap();
     let chance: Vec<&TraceRow> = traces.iter().filter(|t| t.method == "random").collect();
     assert_eq!(chance.len(), located);
     for t in &chance {

@@ -268,7 +268,7 @@ fn locate(ctx: &mut StageContext, locator: Locator) -> Result<(Vec<Located>, BTr
     let rollouts: Vec<RolloutRow> = read_rows(&rollouts_path, Schema::Rollouts)?;
     let segments: Vec<SegmentRow> = read_rows(ctx.input("segments")?, Schema::Segments)?;
     let seg_by: HashMap<(&str, i32), &SegmentRow> = segments.iter().map(|s| ((s.prompt_id.as_str(), s.sample_idx), s)).collect();
-    let tok = crate::stages::tokenizer_train::load(ctx.input("tokenizer")?)?;
+    let tok = crate::tokenizer_file::load(ctx.input("tokenizer")?)?;
     let mut first_wrong = FirstWrong::new(locator, &prompts_path, &prompts);
     let mut counts: BTreeMap<String, i64> = BTreeMap::new();
     let mut located = Vec::new();

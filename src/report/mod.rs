@@ -203,7 +203,7 @@ fn load_trace(ctx: &StageContext, p: &ReportParams, label: &str) -> Result<Trace
     let scores: Vec<ScoreRow> = read_rows(&input("scores")?, Schema::Scores)?;
     let rollouts: Vec<RolloutRow> = read_rows(&input("rollouts")?, Schema::Rollouts)?;
     let segments: Vec<SegmentRow> = read_rows(&input("segments")?, Schema::Segments)?;
-    let tok = crate::stages::tokenizer_train::load(&input("tokenizer")?)?;
+    let tok = crate::tokenizer_file::load(&input("tokenizer")?)?;
     let (want_id, want_sample) = (&p.trace_prompt_id, p.trace_sample_idx);
     let rollout_of = |s: &ScoreRow| rollouts.iter().find(|r| r.prompt_id == s.prompt_id && r.sample_idx == s.sample_idx);
     let score = if !want_id.is_empty() {

@@ -133,7 +133,7 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
     let input = ctx.input("prompts")?.to_path_buf();
     let rows: Vec<PromptRow> = read_rows(&input, Schema::Prompts)?;
     let tokenizer = match ctx.inputs.contains_key("tokenizer") {
-        true => Some(super::tokenizer_train::load(ctx.input("tokenizer")?)?),
+        true => Some(crate::tokenizer_file::load(ctx.input("tokenizer")?)?),
         false => None,
     };
     let count = |s: &str| -> anyhow::Result<usize> {

@@ -32,7 +32,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let prompts: Vec<PromptRow> = read_rows(&prompts_path, Schema::Prompts)?;
     let rollouts_path = ctx.input("rollouts")?.to_path_buf();
     let rollouts: Vec<RolloutRow> = read_rows(&rollouts_path, Schema::Rollouts)?;
-    let tok = super::tokenizer_train::load(ctx.input("tokenizer")?)?;
+    let tok = crate::tokenizer_file::load(ctx.input("tokenizer")?)?;
     let mut first_wrong = FirstWrong::new(locator, &prompts_path, &prompts);
     let (mut kept, mut skipped_rows) = (Vec::new(), Vec::new());
     let mut progress = ctx.progress(rollouts.len() as u64, "locating first wrong steps");

@@ -53,7 +53,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     }
     let params = Params { method: p.method, keywords: p.keywords, max_segments: p.max_segments, homogenize: p.homogenize };
     let (method, on_empty, on_unclosed) = (p.method, p.on_empty, p.on_unclosed);
-    let tok = super::tokenizer_train::load(ctx.input("tokenizer")?)?;
+    let tok = crate::tokenizer_file::load(ctx.input("tokenizer")?)?;
     let path = ctx.input("rollouts")?.to_path_buf();
     let rollouts: Vec<RolloutRow> = read_rows(&path, Schema::Rollouts)?;
     let mut out = Vec::with_capacity(rollouts.len());

@@ -9,8 +9,6 @@
 //! the trainer counts words exactly and breaks merge ties by token id, and the saved vocabulary
 //! is ordered by id (a test checks the bytes).
 
-use std::path::Path;
-
 use anyhow::{anyhow, bail, Context};
 use serde_json::json;
 use tokenizers::decoders::DecoderWrapper;
@@ -96,26 +94,6 @@ pub fn train(texts: &[String], vocab_size: usize, min_frequency: u64) -> anyhow:
     tok.train(&mut trainer, texts.iter())
         .map_err(|e| anyhow!("tokenizer_train: training: {e}"))?;
     Ok(Tokenizer::from(tok))
-}
-
-/// Load a `tokenizer.json` (a file, or a directory holding one).
-pub fn load(path: &Path) -> anyhow::Result<Tokenizer> {
-    let file = if path.is_dir() {
-        path.join("tokenizer.json")
-    } else {
-        path.to_path_buf()
-    };
-    if file
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-    {
-        anyhow::bail!(
-            "{}: a GGUF file keeps its tokenizer in metadata only the model stages read; give this input a directory with the model's tokenizer.json (e.g. an `eval`/`rollout` output checkpoint or the original Hugging Face repo)",
-            file.display()
-        );
-    }
-    Tokenizer::from_file(&file)
-        .map_err(|e| anyhow!("{}: not a loadable tokenizer: {e}", file.display()))
 }
 
 fn config_json() -> String {
@@ -255,17 +233,17 @@ mod tests {
             tok.to_string(false).unwrap(),
         )
         .unwrap();
-        let back = load(dir.path()).unwrap();
+        let back = crate::tokenizer_file::load(dir.path()).unwrap();
         let s = "Divide by 3: 18 / 3 = 6";
         assert_eq!(
             back.encode(s, false).unwrap().get_ids(),
             tok.encode(s, false).unwrap().get_ids()
         );
-        let err = load(&dir.path().join("nope.json")).unwrap_err().to_string();
+        let err = crate::tokenizer_file::load(&dir.path().join("nope.json")).unwrap_err().to_string();
         assert!(err.contains("nope.json"), "{err}");
         let gguf = dir.path().join("model.Q4_1.gguf");
         std::fs::write(&gguf, b"GGUF\x03\x00\x00\x00").unwrap();
-        let err = load(&gguf).unwrap_err().to_string();
+        let err = crate::tokenizer_file::load(&gguf).unwrap_err().to_string();
         assert!(
             err.contains("model.Q4_1.gguf") && err.contains("tokenizer.json"),
             "{err}"
