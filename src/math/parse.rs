@@ -896,21 +896,7 @@ fn is_unknown(t: &str) -> bool {
 /// (`f(x) = 0, f(x) = 1`, from "f(x)=0 or f(x)=1"), keep each right-hand side; otherwise the
 /// whole text as one part, through [`last_equation_rhs`].
 fn equation_rhs_parts(s: &str) -> Vec<String> {
-    let mut parts = Vec::new();
-    let mut depth = 0i32;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' | '[' | '{' => depth += 1,
-            ')' | ']' | '}' => depth -= 1,
-            ',' if depth == 0 => {
-                parts.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&s[start..]);
+    let parts = split_top(s, ',');
     let is_eq = |p: &str| last_equation_rhs(p).len() < p.len();
     // `a = 4, -8, -10` and `(x, y) = (5, 8), (8, 5)`: one equation whose right-hand side is the
     // whole list (math-verify: Eq(a, {4, -8, -10})).
