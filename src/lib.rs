@@ -4,7 +4,8 @@
 //! - [`engine`]: pipelines, cache keys, store, executors (knows nothing of models)
 //! - [`artifact`]: Parquet schemas shared by stages
 //! - [`stages`]: builtin stage functions
-//! - [`analysis`]: the paper's analysis figures (Fig. 3, 4, 7) from scored traces
+//! - [`analysis`]: the paper's analyses (Fig. 3, 4, 7; the first wrong step of a trace) as functions
+//! - [`figures`]: plots and tables the report-writing stages share
 //! - [`math`]: math answer verifier (extraction, normalization, equivalence)
 //! - [`prompt_text`]: a prompt's problem text and the normalized hash that identifies a problem
 //! - [`tokenizer_file`]: loading a `tokenizer.json` for the stages that tokenize without the model
@@ -23,7 +24,7 @@ pub mod evaluation;
 pub mod judge;
 pub mod math;
 pub mod prompt_text;
-pub mod report;
+pub mod figures;
 pub mod stages;
 pub mod tokenizer_file;
 

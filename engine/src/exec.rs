@@ -14,7 +14,8 @@ use super::context::{emit_status, BuiltinFn, ExecStatus, StageContext};
 use super::defs::Command;
 use super::error::{EngineError, IoContext, Result};
 use super::group::{self as signals, die_with_parent, Group};
-use super::schema::{Catalog, Layout};
+use super::catalog::Catalog;
+use super::schema::Layout;
 use super::programs::Programs;
 use super::record::RunRecord;
 use super::spec::{short, InputSource, InstanceSpec, RunnerSpec};
@@ -23,7 +24,6 @@ use super::store::{hash_output, Store};
 /// What this binary can run in-process.
 pub struct Runtime {
     pub catalog: &'static Catalog,
-    pub resolve: fn(&str) -> Option<BuiltinFn>,
     /// File name of the companion binary (next to this one) that runs the builtins tagged
     /// [`Executable::Worker`](super::programs::Executable) this one lacks.
     pub worker: &'static str,
@@ -56,7 +56,7 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         return Ok(ExecOutcome::NeedsWorker(program));
     }
     let builtin = match &spec.runner {
-        RunnerSpec::Builtin { name, .. } => Some((rt.resolve)(name).ok_or_else(|| fail(format!("builtin `{name}` is not in this build")))?),
+        RunnerSpec::Builtin { name, .. } => Some(rt.catalog.code(name).ok_or_else(|| fail(format!("builtin `{name}` is not in this build")))?),
         RunnerSpec::External { .. } => None,
     };
 

@@ -2,11 +2,12 @@
 //! records, locking and executors.
 //!
 //! The engine knows nothing of models or of what stages compute, and being its own crate the
-//! compiler keeps it so: the application hands it a `Runtime` (its builtin stage functions, a
-//! `Catalog` of builtin names, versions and artifact schemas, and the name of its worker binary);
+//! compiler keeps it so: the application hands it a `Runtime` (a `Catalog` of the builtin stages as
+//! their modules declare them and of its artifact schemas, and the name of its worker binary);
 //! everything else is an external command.
 
 pub mod cache;
+pub mod catalog;
 pub mod context;
 pub mod defs;
 mod display;
@@ -28,7 +29,8 @@ pub mod store;
 pub use context::{BuiltinFn, Progress, StageContext};
 pub use error::{EngineError, Result};
 pub use exec::Runtime;
-pub use plan::{load_plan, BuiltinInfo, Plan, SetArg};
+pub use catalog::{Builtin, BuiltinInfo, Catalog};
+pub use plan::{load_plan, Plan, SetArg};
 pub use programs::{Executable, Programs};
-pub use schema::{Catalog, Layout, SchemaInfo};
+pub use schema::{Layout, SchemaInfo};
 pub use store::Store;

@@ -19,15 +19,8 @@ use super::defs::{
 };
 use super::error::{EngineError, Result};
 use super::programs::Executable;
-use super::schema::{Catalog, SchemaInfo};
-
-/// A builtin stage function known to this build (name and code version), without its code.
-#[derive(Debug, Clone, Copy)]
-pub struct BuiltinInfo {
-    pub name: &'static str,
-    pub version: &'static str,
-    pub runs_in: Executable,
-}
+use super::catalog::Catalog;
+use super::schema::SchemaInfo;
 
 #[derive(Debug, Clone)]
 pub enum Runner {
@@ -336,19 +329,11 @@ impl KindLoader<'_> {
         let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
         let (runner, code_version) = match (&def.builtin, &def.command) {
             (Some(b), None) => {
-                let info = self.catalog.builtins.iter().find(|i| i.name == b).ok_or_else(|| {
-                    EngineError::UnknownBuiltin {
-                        path: file.to_path_buf(),
-                        kind: kind.to_string(),
-                        builtin: b.clone(),
-                        known: self
-                            .catalog
-                            .builtins
-                            .iter()
-                            .map(|i| i.name)
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    }
+                let info = self.catalog.builtin(b).ok_or_else(|| EngineError::UnknownBuiltin {
+                    path: file.to_path_buf(),
+                    kind: kind.to_string(),
+                    builtin: b.clone(),
+                    known: self.catalog.builtin_names(),
                 })?;
                 (
                     Runner::Builtin {

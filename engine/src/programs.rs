@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::context::BuiltinFn;
+use super::catalog::Catalog;
 use super::exec::Runtime;
 use super::spec::RunnerSpec;
 
@@ -23,7 +23,7 @@ pub enum Executable {
 pub struct Programs {
     this: PathBuf,
     worker_name: &'static str,
-    resolve: fn(&str) -> Option<BuiltinFn>,
+    catalog: &'static Catalog,
 }
 
 impl Programs {
@@ -34,7 +34,7 @@ impl Programs {
     }
 
     pub fn at(this: PathBuf, rt: &Runtime) -> Programs {
-        Programs { this, worker_name: rt.worker, resolve: rt.resolve }
+        Programs { this, worker_name: rt.worker, catalog: rt.catalog }
     }
 
     pub fn this(&self) -> &Path {
@@ -44,7 +44,7 @@ impl Programs {
     /// The program that runs an instance with this runner, or why none can.
     pub fn for_runner(&self, runner: &RunnerSpec) -> Result<PathBuf, String> {
         match runner {
-            RunnerSpec::Builtin { name, in_worker: true } if (self.resolve)(name).is_none() => self.worker(&format!("builtin `{name}`")),
+            RunnerSpec::Builtin { name, in_worker: true } if self.catalog.code(name).is_none() => self.worker(&format!("builtin `{name}`")),
             _ => Ok(self.this.clone()),
         }
     }
@@ -69,17 +69,18 @@ mod tests {
     use super::*;
     use crate::context::StageContext;
     use crate::spec::RunnerSpec;
-    use crate::Catalog;
+    use crate::{Builtin, Catalog};
 
     fn light(_: &mut StageContext) -> anyhow::Result<()> {
         Ok(())
     }
 
-    fn resolve(name: &str) -> Option<BuiltinFn> {
-        (name == "light").then_some(light as BuiltinFn)
-    }
-
-    const RT: Runtime = Runtime { catalog: &Catalog { builtins: &[], schemas: &[] }, resolve, worker: "the-worker", versions: std::collections::BTreeMap::new };
+    const LIGHT: Builtin = Builtin { name: "light", version: "1", runs_in: Executable::Worker, run: light };
+    const RT: Runtime = Runtime {
+        catalog: &Catalog { builtins: &[&[LIGHT]], worker_builtins: &[], schemas: &[] },
+        worker: "the-worker",
+        versions: std::collections::BTreeMap::new,
+    };
 
     fn builtin(name: &str, in_worker: bool) -> RunnerSpec {
         RunnerSpec::Builtin { name: name.into(), in_worker }

@@ -63,20 +63,3 @@ impl std::fmt::Display for SchemaInfo {
         f.write_str(self.name)
     }
 }
-
-/// What a binary knows about stages without running them: the builtins it can key and the
-/// artifact schemas stage files may name.
-pub struct Catalog {
-    pub builtins: &'static [super::plan::BuiltinInfo],
-    pub schemas: &'static [SchemaInfo],
-}
-
-impl Catalog {
-    pub fn schema(&self, name: &str) -> Option<SchemaInfo> {
-        self.schemas.iter().find(|s| s.name == name).copied()
-    }
-
-    pub fn schema_names(&self) -> String {
-        self.schemas.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
-    }
-}

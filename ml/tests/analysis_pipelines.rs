@@ -206,7 +206,7 @@ fn fig3_truncation_is_recounted_and_fig7_passes_the_sd_table_through() {
     assert!(md.contains("Skipped: no `scores.<method>` inputs"), "{md}");
 }
 
-use rredcot::analysis::credit_benchmark::{MethodRow, TraceRow};
+use rredcot::stages::credit_benchmark::{MethodRow, TraceRow};
 
 #[derive(Debug, serde::Deserialize)]
 struct Reset {

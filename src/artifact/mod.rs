@@ -149,7 +149,7 @@ impl Schema {
     }
 }
 
-/// Every schema as the engine sees it (registered through `stages::CATALOG`), in `Schema::ALL`
+/// Every schema as the engine sees it (registered through `stages::CATALOG` and the worker's catalog), in `Schema::ALL`
 /// order.
 pub const SCHEMAS: &[SchemaInfo] = &[
     Schema::Prompts.registered::<0>(),

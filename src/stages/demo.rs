@@ -9,7 +9,7 @@ use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use rand::{Rng, SeedableRng};
 
 use crate::artifact::{read_batches, write_batch};
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 
 fn table(i: Vec<i64>, x: Vec<f64>) -> RecordBatch {
     let schema = ArrowSchema::new(vec![
@@ -97,6 +97,8 @@ fn maybe_sleep(ctx: &StageContext, ms: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+pub const NUMBERS: Builtin = Builtin { name: "demo_numbers", version: "1", runs_in: Executable::Engine, run: numbers };
+
 /// `n` seeded random numbers.
 pub fn numbers(ctx: &mut StageContext) -> anyhow::Result<()> {
     let NumbersParams { n, seed, sleep_ms } = ctx.params()?;
@@ -107,6 +109,8 @@ pub fn numbers(ctx: &mut StageContext) -> anyhow::Result<()> {
     ctx.count("rows", n as i64);
     Ok(())
 }
+
+pub const SCALE: Builtin = Builtin { name: "demo_scale", version: "1", runs_in: Executable::Engine, run: scale };
 
 /// x * factor, rounded to `digits` decimals; `threads` is a speed hint that does not change results.
 pub fn scale(ctx: &mut StageContext) -> anyhow::Result<()> {
@@ -119,6 +123,8 @@ pub fn scale(ctx: &mut StageContext) -> anyhow::Result<()> {
     Ok(())
 }
 
+pub const SUM: Builtin = Builtin { name: "demo_sum", version: "1", runs_in: Executable::Engine, run: sum };
+
 /// One row: the sum of x.
 pub fn sum(ctx: &mut StageContext) -> anyhow::Result<()> {
     let SumParams { sleep_ms } = ctx.params()?;
@@ -127,6 +133,8 @@ pub fn sum(ctx: &mut StageContext) -> anyhow::Result<()> {
     write_batch(ctx.output("table")?, &table(vec![0], vec![x.iter().sum()]))?;
     Ok(())
 }
+
+pub const STEP: Builtin = Builtin { name: "demo_step", version: "1", runs_in: Executable::Engine, run: step };
 
 /// One step of an iterated computation: x <- x * decay + 1 (a stand-in for a training step).
 pub fn step(ctx: &mut StageContext) -> anyhow::Result<()> {

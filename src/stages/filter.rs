@@ -24,7 +24,7 @@ use crate::prompt_text::normalized_hash;
 use super::skipped::{self, SkippedRow};
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{read_rows, write_rows, Schema};
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 use crate::math;
 
 /// Why a row is removed (counter names in the run record).
@@ -122,6 +122,8 @@ pub(crate) struct FilterParams {
     min_tokens: usize,
     max_tokens: usize,
 }
+
+pub const STAGE: Builtin = Builtin { name: "filter", version: "2", runs_in: Executable::Engine, run };
 
 /// Stage `filter` (whitespace lengths) and `filter_tokens` (input `tokenizer`): input and output
 /// `prompts`.

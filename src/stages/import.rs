@@ -32,7 +32,7 @@ use serde_json::{json, Map, Value};
 use super::skipped::{self, SkippedRow};
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{read_batches, write_rows, Schema};
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 
 /// One data row of the source file: its JSON object, or why it could not be read.
 #[derive(Debug)]
@@ -674,6 +674,8 @@ pub(crate) struct ImportParams {
     id_col: String,
     source: String,
 }
+
+pub const STAGE: Builtin = Builtin { name: "import", version: "2", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
     let p: ImportParams = ctx.params()?;

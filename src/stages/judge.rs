@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::artifact::rows::EvalRow;
 use crate::artifact::{read_batches, read_rows, write_batch, write_rows, Schema};
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 use crate::judge::cache::ResponseCache;
 use crate::judge::http::{ChatClient, ChatRequest, HttpConfig, Stats};
 use crate::judge::{aggregate, plan_votes, templates, JudgmentRow, PlanOptions, Template, Vote};
@@ -112,6 +112,8 @@ pub fn request_body(
         "seed": vote.seed,
     })
 }
+
+pub const STAGE: Builtin = Builtin { name: "judge", version: "1", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: JudgeParams = ctx.params()?;

@@ -3,7 +3,7 @@
 //! segment above all, score only the traces the benchmark can use.
 //!
 //! Inputs `prompts`, `rollouts`, `tokenizer` (token texts); params `locator` (`taskgen` or
-//! `arithmetic`, see [`crate::analysis::credit_benchmark::Locator`]) and `limit` (at most this many
+//! `arithmetic`, see [`crate::analysis::locate::Locator`]) and `limit` (at most this many
 //! traces kept, in rollout order; 0 = all). Outputs `rollouts` (the kept rows, unchanged) and
 //! `skipped` (every other row with its reason: `correct`, `no_error`, `unchecked`, `unparseable`,
 //! `unclosed`, `over_limit`; the located error kind and line in `detail` for `over_limit`).
@@ -11,11 +11,11 @@
 use anyhow::{bail, Context, Result};
 
 use super::skipped::{self, SkippedRow};
-use crate::analysis::credit_benchmark::{FirstWrong, Locator};
+use crate::analysis::locate::{FirstWrong, Locator};
 use crate::analysis::first_wrong::Verdict;
 use crate::artifact::rows::{PromptRow, RolloutRow};
 use crate::artifact::{read_rows, write_rows, Schema};
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 
 /// The stage's params (stages/locate_errors.toml documents them); unknown or mistyped ones are errors naming
 /// the stage and the param.
@@ -25,6 +25,8 @@ pub(crate) struct LocateParams {
     locator: Locator,
     limit: usize,
 }
+
+pub const STAGE: Builtin = Builtin { name: "locate_errors", version: "1", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let LocateParams { locator, limit } = ctx.params()?;

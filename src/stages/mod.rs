@@ -1,75 +1,49 @@
-//! Builtin stage functions, one module per stage kind, and the catalog of their names and code
-//! versions. The catalog is plain data so the engine binary can compute keys for ML stages
-//! without linking them; their code lives in the `rredcot-ml` package (`ml/`), run by `rredcot-worker`.
+//! Builtin stages without libtorch, one module per stage kind, each declaring itself (`STAGE`:
+//! name, code version, executable, run function). The ML stages live in the `rredcot-ml` package
+//! (`ml/`), run by `rredcot-worker`; this binary keys them from [`WORKER_STAGES`], a list generated
+//! from their declarations (a test in that package fails while the two differ).
 
+pub mod analysis;
+pub mod credit_benchmark;
 pub mod demo;
 pub mod filter;
 pub mod import;
 pub mod judge;
 pub mod locate_errors;
+pub mod report;
 pub mod segment;
 pub mod skipped;
 pub mod taskgen;
 pub mod tokenizer_train;
 
-use crate::engine::Executable::{Engine, Worker};
-use crate::engine::{BuiltinFn, BuiltinInfo, Catalog, Runtime};
+mod worker_stages;
 
-/// Every builtin this project ships and the artifact schemas its stage files may name.
-pub const CATALOG: Catalog = Catalog { builtins: BUILTINS, schemas: crate::artifact::SCHEMAS };
+use crate::engine::{Builtin, Catalog, Runtime};
 
-/// Every builtin this project ships: bump a version when the stage's output for the same inputs
-/// and params changes.
-const BUILTINS: &[BuiltinInfo] = &[
-    BuiltinInfo { name: "demo_numbers", version: "1", runs_in: Engine },
-    BuiltinInfo { name: "demo_scale", version: "1", runs_in: Engine },
-    BuiltinInfo { name: "demo_sum", version: "1", runs_in: Engine },
-    BuiltinInfo { name: "demo_step", version: "1", runs_in: Engine },
-    BuiltinInfo { name: "taskgen", version: "2", runs_in: Engine },
-    BuiltinInfo { name: "tokenizer_train", version: "2", runs_in: Engine },
-    BuiltinInfo { name: "import", version: "2", runs_in: Engine },
-    BuiltinInfo { name: "filter", version: "2", runs_in: Engine },
-    BuiltinInfo { name: "bootstrap_sft", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "segment", version: "2", runs_in: Engine },
-    BuiltinInfo { name: "rollout", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "score_sigma", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "score_mc", version: "3", runs_in: Worker },
-    BuiltinInfo { name: "score_loo", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "score_grad", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "score_progress", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "reset", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "update", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "eval", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "report", version: "2", runs_in: Engine },
-    BuiltinInfo { name: "analysis", version: "1", runs_in: Engine },
-    BuiltinInfo { name: "credit_benchmark", version: "1", runs_in: Engine },
-    BuiltinInfo { name: "locate_errors", version: "1", runs_in: Engine },
-    BuiltinInfo { name: "judge", version: "1", runs_in: Engine },
-    BuiltinInfo { name: "judge_local", version: "1", runs_in: Worker },
+/// The builtins of this package, each as its module declares it.
+pub const STAGES: &[Builtin] = &[
+    demo::NUMBERS,
+    demo::SCALE,
+    demo::SUM,
+    demo::STEP,
+    taskgen::STAGE,
+    tokenizer_train::STAGE,
+    import::STAGE,
+    filter::STAGE,
+    segment::STAGE,
+    report::STAGE,
+    analysis::STAGE,
+    credit_benchmark::STAGE,
+    locate_errors::STAGE,
+    judge::STAGE,
 ];
 
-/// Builtins that run without libtorch.
-pub fn light_builtin(name: &str) -> Option<BuiltinFn> {
-    Some(match name {
-        "demo_numbers" => demo::numbers,
-        "demo_scale" => demo::scale,
-        "demo_sum" => demo::sum,
-        "demo_step" => demo::step,
-        "taskgen" => taskgen::run,
-        "tokenizer_train" => tokenizer_train::run,
-        "import" => import::run,
-        "filter" => filter::run,
-        "segment" => segment::run,
-        "report" => crate::report::run,
-        "analysis" => crate::analysis::run,
-        "credit_benchmark" => crate::analysis::credit_benchmark::run,
-        "locate_errors" => locate_errors::run,
-        "judge" => judge::run,
-        _ => return None,
-    })
-}
+pub use worker_stages::WORKER_STAGES;
 
-pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: light_builtin, worker: WORKER, versions: crate::versions };
+/// What `rredcot` knows: its own builtins, the worker's by name and version, and the schemas.
+pub const CATALOG: Catalog = Catalog { builtins: &[STAGES], worker_builtins: WORKER_STAGES, schemas: crate::artifact::SCHEMAS };
+
+pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, worker: WORKER, versions: crate::versions };
 
 /// The binary that runs the stages tagged `Worker` (it links libtorch; `rredcot` does not).
 pub const WORKER: &str = "rredcot-worker";
@@ -87,6 +61,11 @@ pub fn shipped_defaults(kind: &str) -> serde_json::Map<String, serde_json::Value
 #[cfg(test)]
 mod params_tests {
     use crate::engine::context::parse_params;
+
+    #[test]
+    fn every_builtin_is_declared_once() {
+        assert_eq!(super::CATALOG.duplicate_names(), Vec::<&str>::new());
+    }
 
     #[test]
     fn the_shipped_stage_files_params_are_what_the_params_structs_read() {

@@ -14,7 +14,7 @@ use crate::artifact::rows::{RolloutRow, SegmentRow};
 use crate::artifact::{read_rows, write_rows, Schema};
 use crate::credit::segmentation::{self, bounds, Method, Params};
 use crate::credit::thinking::OnUnclosed;
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 
 /// What to do with a rollout that has no completion tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -45,6 +45,8 @@ pub struct SegmentParams {
     on_empty: OnEmpty,
     on_unclosed: OnUnclosed,
 }
+
+pub const STAGE: Builtin = Builtin { name: "segment", version: "2", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: SegmentParams = ctx.params()?;

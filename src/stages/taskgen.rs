@@ -29,7 +29,7 @@ use crate::prompt_text::{normalize, normalized_hash};
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{write_rows, Schema};
 use crate::credit::thinking::{THINK_CLOSE, THINK_OPEN};
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 
 /// Difficulty knobs.
 #[derive(Debug, Clone)]
@@ -363,6 +363,8 @@ pub struct TaskgenParams {
     pub distractors: usize,
     pub word_fraction: f64,
 }
+
+pub const STAGE: Builtin = Builtin { name: "taskgen", version: "2", runs_in: Executable::Engine, run };
 
 /// Stage `taskgen`: outputs `train` and `eval` (schema `prompts`).
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {

@@ -23,7 +23,7 @@ use crate::prompt_text::prompt_text;
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{read_rows, Schema};
 use crate::credit::thinking::{THINK_CLOSE, THINK_OPEN};
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 
 /// Special tokens in id order.
 pub const SPECIAL_TOKENS: [&str; 5] = [
@@ -119,6 +119,8 @@ pub(crate) struct TokenizerParams {
     vocab_size: usize,
     min_frequency: u64,
 }
+
+pub const STAGE: Builtin = Builtin { name: "tokenizer_train", version: "2", runs_in: Executable::Engine, run };
 
 /// Stage `tokenizer_train`: input `corpus` (prompts), output `tokenizer` (dir).
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {

@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rredcot::artifact::rows::PromptRow;
 use rredcot::artifact::{read_rows, Schema};
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::prompt_text::prompt_text;
 use rredcot::stages::taskgen::solution_skipping_last_step;
 use tch::nn::OptimizerConfig;
@@ -147,6 +147,8 @@ pub fn greedy_accuracy(model: &DecoderLm, tok: &Tokenizer, rows: &[PromptRow], m
     }
     Ok((correct as f64 / rows.len().max(1) as f64, tokens))
 }
+
+pub const STAGE: Builtin = Builtin { name: "bootstrap_sft", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: SftParams = ctx.params()?;

@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{EvalRow, PromptRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::evaluation::{summarize, Grader};
 use rredcot::prompt_text::prompt_text;
 
@@ -23,6 +23,8 @@ struct EvalParams {
     limit: usize,
     on_bad_prompt: OnBadPrompt,
 }
+
+pub const STAGE: Builtin = Builtin { name: "eval", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, p): (SamplerParams, EvalParams) = (ctx.params()?, ctx.params()?);

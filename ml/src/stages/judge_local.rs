@@ -7,7 +7,7 @@
 //! vote), counted in `prompts_too_long`.
 
 use anyhow::{Context, Result};
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::stages::judge::{finish, prepare};
 
 use super::{load_policy_on, use_threads};
@@ -32,6 +32,8 @@ struct JudgeLocalParams {
     dtype: DtypeChoice,
     threads: i64,
 }
+
+pub const STAGE: Builtin = Builtin { name: "judge_local", version: "1", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: JudgeLocalParams = ctx.params()?;

@@ -1,6 +1,6 @@
-//! Builtin stages that need the model core. Their names and code versions are in the engine's
-//! catalog (`rredcot::stages::CATALOG`, `runs_in: Worker`) so the engine binary can key them
-//! without linking libtorch.
+//! Builtin stages that need the model core, one module per stage kind, each declaring itself
+//! (`STAGE`). `rredcot`, which does not link libtorch, keys them from
+//! `rredcot::stages::WORKER_STAGES`, generated from these declarations (test `worker_stages`).
 
 pub mod bootstrap_sft;
 pub mod eval;
@@ -16,30 +16,29 @@ pub mod update;
 
 use anyhow::{Context, Result};
 use crate::sampling::{http, Sampler, SamplerParams};
-use rredcot::engine::{BuiltinFn, Runtime, StageContext};
-use rredcot::stages::{light_builtin, CATALOG};
+use rredcot::engine::{Builtin, Catalog, Runtime, StageContext};
 
 use crate::model::{self, DecoderLm, LoadOptions, Tokenizer};
 
-/// Builtins of the ML worker (light ones included).
-pub fn full_builtin(name: &str) -> Option<BuiltinFn> {
-    Some(match name {
-        "bootstrap_sft" => bootstrap_sft::run,
-        "rollout" => rollout::run,
-        "eval" => eval::run,
-        "score_sigma" => score_sigma::run,
-        "score_mc" => score_mc::run,
-        "score_loo" => score_loo::run,
-        "score_grad" => score_grad::run,
-        "score_progress" => score_progress::run,
-        "reset" => reset::run,
-        "update" => update::run,
-        "judge_local" => judge_local::run,
-        _ => return light_builtin(name),
-    })
-}
+/// The builtins of this package, each as its module declares it (all run in the worker).
+pub const STAGES: &[Builtin] = &[
+    bootstrap_sft::STAGE,
+    rollout::STAGE,
+    score_sigma::STAGE,
+    score_mc::STAGE,
+    score_loo::STAGE,
+    score_grad::STAGE,
+    score_progress::STAGE,
+    reset::STAGE,
+    update::STAGE,
+    eval::STAGE,
+    judge_local::STAGE,
+];
 
-pub const FULL_RUNTIME: Runtime = Runtime { catalog: &CATALOG, resolve: full_builtin, worker: rredcot::stages::WORKER, versions: rredcot::versions };
+/// What the worker knows: the code of every builtin, light ones included.
+pub const FULL_CATALOG: Catalog = Catalog { builtins: &[rredcot::stages::STAGES, STAGES], worker_builtins: &[], schemas: rredcot::artifact::SCHEMAS };
+
+pub const FULL_RUNTIME: Runtime = Runtime { catalog: &FULL_CATALOG, worker: rredcot::stages::WORKER, versions: rredcot::versions };
 
 /// Intra-op threads of this process (0: libtorch's default).
 fn use_threads(threads: i64) {
@@ -94,6 +93,32 @@ pub(crate) mod tests {
     use rredcot::engine::context::parse_params;
 
     type Params = serde_json::Map<String, serde_json::Value>;
+
+    /// `rredcot` keys the worker's stages from a generated list: it must say what the modules
+    /// declare, or keys computed there would not be the worker's (`RREDCOT_REGEN=1` rewrites it).
+    #[test]
+    fn worker_stages_is_what_the_stage_modules_declare() {
+        use rredcot::engine::Executable;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../src/stages/worker_stages.rs");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let header = &text[..text.find("pub const WORKER_STAGES").expect("the list's declaration")];
+        let mut want = format!("{header}pub const WORKER_STAGES: &[BuiltinInfo] = &[\n");
+        for s in super::STAGES {
+            assert_eq!(s.runs_in, Executable::Worker, "{}: a stage of the ML package runs in the worker", s.name);
+            want += &format!("    BuiltinInfo {{ name: {:?}, version: {:?}, runs_in: Worker }},\n", s.name, s.version);
+        }
+        want += "];\n";
+        if std::env::var_os("RREDCOT_REGEN").is_some() && text != want {
+            std::fs::write(&path, &want).unwrap();
+            panic!("rewrote {}: run the test again (without RREDCOT_REGEN) to check the rebuilt catalog", path.display());
+        }
+        assert!(text == want, "{} is not what ml/src/stages declare; rerun with RREDCOT_REGEN=1. It should read:\n{want}", path.display());
+        assert_eq!(super::FULL_CATALOG.duplicate_names(), Vec::<&str>::new());
+        let light = &rredcot::stages::CATALOG;
+        for s in super::STAGES {
+            assert!(light.code(s.name).is_none() && light.builtin(s.name) == Some(s.info()), "{}", s.name);
+        }
+    }
 
     /// What a sampling stage reads: the shared [`SamplerParams`](super::SamplerParams),
     /// the http backend's and its own struct `P`, each from the same params.

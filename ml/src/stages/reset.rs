@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{write_rows, write_table, Schema};
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::prompt_text::prompt_text;
 use serde::Serialize;
 
@@ -110,6 +110,8 @@ struct Reset {
     context: Vec<i64>,
     row: PromptRow,
 }
+
+pub const STAGE: Builtin = Builtin { name: "reset", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);

@@ -22,7 +22,7 @@
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 
 use crate::sampling::{engine_entropies, plan_jobs, sample_jobs, split_answer, window, EngineLogprobs, OnBadPrompt, SamplerParams};
 use super::{load_policy_on, load_sampler, use_threads};
@@ -40,6 +40,8 @@ struct RolloutParams {
     on_bad_prompt: OnBadPrompt,
     group_requests: bool,
 }
+
+pub const STAGE: Builtin = Builtin { name: "rollout", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);

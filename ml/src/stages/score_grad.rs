@@ -10,7 +10,7 @@
 //! trailing stop token (not part of the scored trace) gets 0.
 
 use anyhow::Result;
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::score_loo::Target;
 use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
@@ -49,6 +49,8 @@ pub(super) struct GradParams {
     dtype: DtypeChoice,
     threads: i64,
 }
+
+pub const STAGE: Builtin = Builtin { name: "score_grad", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: GradParams = ctx.params()?;

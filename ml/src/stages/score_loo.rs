@@ -13,7 +13,7 @@
 //! trace. Output: `R` = PMI_t and `v` = zeros (T values each), σ = `normalize`(PMI), `method = "loo"`.
 
 use anyhow::Result;
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 
 use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
 use super::{load_policy_on, use_threads};
@@ -64,6 +64,8 @@ fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target
         .collect();
     Ok(Attribution { values, credit: None, sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
 }
+
+pub const STAGE: Builtin = Builtin { name: "score_loo", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: LooParams = ctx.params()?;

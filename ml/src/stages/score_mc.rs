@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use rredcot::analysis::mc_sd::SdIn;
 use rredcot::artifact::{write_rows, Schema};
 use rredcot::credit::sigma::Normalize;
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::math::extract;
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +117,8 @@ struct Exit {
     cot: Vec<i64>,
     text: String,
 }
+
+pub const STAGE: Builtin = Builtin { name: "score_mc", version: "3", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, mc): (SamplerParams, McParams) = (ctx.params()?, ctx.params()?);

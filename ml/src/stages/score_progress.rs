@@ -14,7 +14,7 @@
 //! as σ credit), `method = "progress"`.
 
 use anyhow::Result;
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::score_mc::mc_values;
 use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
@@ -50,6 +50,8 @@ fn prefill_values(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &
     let credit = rredcot::credit::progress::step_progress(&values);
     Ok(Attribution { values, credit: Some(credit), sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
 }
+
+pub const STAGE: Builtin = Builtin { name: "score_progress", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (s, mc, p): (SamplerParams, McParams, ProgressParams) = (ctx.params()?, ctx.params()?, ctx.params()?);

@@ -24,7 +24,7 @@ use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::credit::segmentation::checked_ends;
 use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::credit::thinking::reasoning_body;
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::{load_policy_on, use_threads};
 use crate::traces::encode_prompt;
@@ -248,6 +248,8 @@ fn score_pack(model: &DecoderLm, pack: &[CutRequest], scorer: Scorer, reuse: &mu
         Scorer::Naive => pack.iter().map(|q| score_cuts_naive(model, q.trace, q.cuts, q.targets)).collect::<std::result::Result<_, _>>()?,
     })
 }
+
+pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let s: Settings = ctx.params()?;

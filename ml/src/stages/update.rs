@@ -27,7 +27,7 @@ use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::credit::segmentation::checked_ends;
 use rredcot::credit::builder::{token_credit, CreditSource, TokenCredit};
 use rredcot::credit::weights::{advantages, ScaleRewards};
-use rredcot::engine::StageContext;
+use rredcot::engine::{Builtin, Executable, StageContext};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
@@ -161,6 +161,8 @@ impl Credit {
         }
     }
 }
+
+pub const STAGE: Builtin = Builtin { name: "update", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: UpdateParams = ctx.params()?;

@@ -1,7 +1,7 @@
 //! `credit_benchmark`: every credit method measured against ground truth (issue 19).
 //!
 //! The default world's task knows every intermediate value, so in an incorrect trace the first
-//! wrong step is known exactly ([`super::first_wrong`]). For each incorrect rollout whose first
+//! wrong step is known exactly ([`crate::analysis::first_wrong`]). For each incorrect rollout whose first
 //! wrong step is located, the segment holding that line is the one a credit method should blame.
 //! Each method blames the segments in its own way ([`Blame`]); this stage reports, per method, how
 //! often the segment it blames most is the first wrong step (`top1`; ties share the hit: k segments
@@ -24,16 +24,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::first_wrong::{first_wrong, reference_steps, Verdict};
-use super::first_wrong_arith::first_wrong_arithmetic;
-use super::stats::ranks;
-use super::{write_table, Cell};
+use crate::analysis::first_wrong::Verdict;
+use crate::analysis::locate::{FirstWrong, Locator};
+use crate::analysis::stats::ranks;
 use crate::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
 use crate::artifact::{read_rows, read_table_columns, Schema};
-use crate::engine::StageContext;
-use crate::report::plots::{self, Bar};
-use crate::report::{figures_section, members, provenance};
-use crate::prompt_text::prompt_text;
+use crate::engine::{Builtin, Executable, StageContext};
+use crate::figures::plots::{self, Bar};
+use crate::figures::{figures_section, members, provenance, write_table, Cell};
 
 /// How a method blames the segments of an incorrect trace (param `blame`, per member label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -212,54 +210,6 @@ fn cost_per_trace(ctx: &StageContext, input: &str) -> (f64, f64) {
     (per("forward_tokens"), per("tokens_generated"))
 }
 
-/// How the first wrong step of a trace is found (param `locator`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Locator {
-    /// Against the default world's worked solution, step by step ([`super::first_wrong`]).
-    Taskgen,
-    /// A free-form trace's own claims: the first false computation or value from nowhere
-    /// ([`super::first_wrong_arith`]); for real models on GSM8K-style problems.
-    Arithmetic,
-}
-
-/// Finds the first wrong step of incorrect rollouts, caching each problem's parsed reference.
-pub struct FirstWrong<'a> {
-    locator: Locator,
-    prompts_path: &'a Path,
-    by_id: HashMap<&'a str, (usize, &'a PromptRow)>,
-    references: HashMap<&'a str, (i64, Vec<(char, i64)>)>,
-}
-
-impl<'a> FirstWrong<'a> {
-    pub fn new(locator: Locator, prompts_path: &'a Path, prompts: &'a [PromptRow]) -> Self {
-        let by_id = prompts.iter().enumerate().map(|(i, p)| (p.id.as_str(), (i, p))).collect();
-        Self { locator, prompts_path, by_id, references: HashMap::new() }
-    }
-
-    /// The verdict on rollout `r` whose completion tokens read `texts` (errors name `at`).
-    pub fn verdict(&mut self, r: &'a RolloutRow, texts: &[String], at: &dyn Fn() -> String) -> Result<Verdict> {
-        let Some(&(prow, prompt)) = self.by_id.get(r.prompt_id.as_str()) else {
-            bail!("{}: no prompt with this id in {}", at(), self.prompts_path.display());
-        };
-        Ok(match self.locator {
-            Locator::Taskgen => {
-                if !self.references.contains_key(r.prompt_id.as_str()) {
-                    let solution = prompt.solution.as_deref().ok_or_else(|| anyhow!("{} row {prow} (prompt {}): no reference solution", self.prompts_path.display(), prompt.id))?;
-                    let parsed = reference_steps(solution).with_context(|| {
-                        format!("{} row {prow} (prompt {}): the reference solution is not a taskgen worked solution, so no first wrong step can be located (locator = \"arithmetic\" checks free-form traces)", self.prompts_path.display(), prompt.id)
-                    })?;
-                    self.references.insert(r.prompt_id.as_str(), parsed);
-                }
-                let (start, steps) = &self.references[r.prompt_id.as_str()];
-                first_wrong(&texts.concat(), *start, steps)
-            }
-            // Only the chain of thought: the answer after it is no step.
-            Locator::Arithmetic => first_wrong_arithmetic(&prompt_text(&prompt.prompt), &texts[..r.cot_len().min(texts.len())].concat()),
-        })
-    }
-}
-
 /// Incorrect rollouts, checked: the located ones and a count per verdict.
 fn locate(ctx: &mut StageContext, locator: Locator) -> Result<(Vec<Located>, BTreeMap<String, i64>)> {
     let prompts_path = ctx.input("prompts")?.to_path_buf();
@@ -311,6 +261,8 @@ pub(super) struct BenchmarkParams {
     /// Where the first wrong step comes from.
     locator: Locator,
 }
+
+pub const STAGE: Builtin = Builtin { name: "credit_benchmark", version: "1", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let BenchmarkParams { title, blame: blame_params, locator } = ctx.params()?;
@@ -489,6 +441,13 @@ fn write_report(ctx: &mut StageContext, out: &Path, title: &str, rows: &[MethodR
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_params_struct_reads_the_shipped_stage_file() {
+        use crate::engine::context::parse_params;
+        let b: BenchmarkParams = parse_params("credit_benchmark", &crate::stages::shipped_defaults("credit_benchmark")).unwrap();
+        assert!(b.blame.is_empty());
+    }
 
     #[test]
     fn random_blame_hits_one_in_t_and_ranks_the_middle() {

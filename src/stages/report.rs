@@ -5,9 +5,6 @@
 //! `results.tex`), learning curves, σ heat-maps and value curves (SVG + PNG), and a provenance
 //! section naming the instance key and artifact hash behind every row.
 
-pub mod plots;
-pub mod table;
-
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,37 +13,11 @@ use anyhow::{bail, Context, Result};
 
 use crate::artifact::rows::{EvalRow, RolloutRow, ScoreRow, SegmentRow};
 use crate::artifact::{read_rows, Schema};
-use crate::engine::spec::{short, InputSource};
-use crate::engine::StageContext;
+use crate::engine::{Builtin, Executable, StageContext};
 use crate::evaluation::{summarize, BenchmarkSummary, Grader};
-use plots::{LineChart, Series, PALETTE};
-use table::{Cell, ResultsTable, TableRow};
-
-/// Members of input group `group`: (label, path), in input-name order.
-pub(crate) fn members<'a>(ctx: &'a StageContext, group: &str) -> Vec<(&'a str, &'a Path)> {
-    let prefix = format!("{group}.");
-    ctx.inputs.iter().filter_map(|(n, (_, p))| Some((n.strip_prefix(&prefix)?, p.as_path()))).collect()
-}
-
-/// `instance (key…) sha256 …` of an input: what the provenance section prints.
-pub(crate) fn provenance(ctx: &StageContext, input: &str) -> String {
-    let hash = ctx.input_hashes.get(input).map(|h| short(h).to_string()).unwrap_or_default();
-    match ctx.input_sources.get(input) {
-        Some(InputSource::Instance { key, stage, output }) => format!("{stage}.{output} (instance {}, artifact {hash})", short(key)),
-        Some(InputSource::File { path }) => format!("file {} (artifact {hash})", path.display()),
-        None => format!("artifact {hash}"),
-    }
-}
-
-/// `## Figures` with a Markdown image link to each PNG of `figures` (files beside results.md).
-pub(crate) fn figures_section(figures: &[PathBuf]) -> String {
-    let mut md = "## Figures\n\n".to_string();
-    for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
-        let name = f.file_name().unwrap_or_default().to_string_lossy();
-        let _ = writeln!(md, "![{name}]({name})");
-    }
-    md
-}
+use crate::figures::plots::{self, LineChart, Series, PALETTE};
+use crate::figures::table::{Cell, ResultsTable, TableRow};
+use crate::figures::{figures_section, members, provenance};
 
 /// The order of the table's rows: `rows` param if given, else the base row first, then the rest.
 fn row_order(labels: &[&str], wanted: &[String], base: &str) -> Result<Vec<String>> {
@@ -242,6 +213,8 @@ fn load_trace(ctx: &StageContext, p: &ReportParams, label: &str) -> Result<Trace
         v: score.v.clone(),
     })
 }
+
+pub const STAGE: Builtin = Builtin { name: "report", version: "2", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: ReportParams = ctx.params()?;

@@ -1,0 +1,22 @@
+//! The builtins whose code is in the ML worker (`ml/src/stages/`), by name and code version as
+//! their modules declare them, so `rredcot` keys them without linking libtorch.
+//!
+//! Generated: `RREDCOT_REGEN=1 cargo test -p rredcot-ml --lib worker_stages` rewrites this file,
+//! and that test fails while it differs from the modules' declarations.
+
+use crate::engine::BuiltinInfo;
+use crate::engine::Executable::Worker;
+
+pub const WORKER_STAGES: &[BuiltinInfo] = &[
+    BuiltinInfo { name: "bootstrap_sft", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "rollout", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "score_sigma", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "score_mc", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "score_loo", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "score_grad", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "score_progress", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "reset", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "update", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "eval", version: "2", runs_in: Worker },
+    BuiltinInfo { name: "judge_local", version: "1", runs_in: Worker },
+];
