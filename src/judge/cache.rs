@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{json, Value};
 
-use super::http::reply_content;
-use super::JudgeError;
+use super::{reply_content, JudgeError};
 use crate::engine::hash::{canonical_json, sha256_json};
 
 pub struct ResponseCache {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::cache::{Lookup, ResponseCache};
+use super::reply_content;
 use super::JudgeError;
 
 /// How to reach the server and how hard to try.
@@ -63,17 +64,6 @@ impl Stats {
 
     pub fn get(counter: &AtomicI64) -> i64 {
         counter.load(Ordering::Relaxed)
-    }
-}
-
-/// The reply text of a chat completion response: `choices[0].message.content` (a `null` content
-/// is an empty reply). `None` when the body is not a chat completion.
-pub fn reply_content(response: &Value) -> Option<String> {
-    let message = response.get("choices")?.get(0)?.get("message")?;
-    match message.get("content") {
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Null) | None => Some(String::new()),
-        Some(_) => None,
     }
 }
 
@@ -287,16 +277,6 @@ mod tests {
             concurrency: 1
         })
         .is_err());
-    }
-
-    #[test]
-    fn reply_content_reads_chat_completions_only() {
-        let ok = json!({"choices": [{"message": {"role": "assistant", "content": "Verdict: YES"}}]});
-        assert_eq!(reply_content(&ok).as_deref(), Some("Verdict: YES"));
-        assert_eq!(reply_content(&json!({"choices": [{"message": {"content": null}}]})).as_deref(), Some(""));
-        assert_eq!(reply_content(&json!({"error": {"message": "x"}})), None);
-        assert_eq!(reply_content(&json!({"choices": []})), None);
-        assert_eq!(reply_content(&json!({"choices": [{"message": {"content": 3}}]})), None);
     }
 
     #[test]

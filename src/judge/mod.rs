@@ -4,9 +4,10 @@
 //!
 //! Owns: the prompt [`templates`], reading a verdict from a reply and the vote ([`vote`]), the
 //! plan of votes and their aggregation into `correct_judge` ([`ensemble`]), and the OpenAI-
-//! compatible HTTP backend with its response cache ([`http`], [`cache`]). Knows nothing of the
-//! engine or of models: the `judge` stage (HTTP) and the `judge_local` stage (the model core, in
-//! the worker) both drive it.
+//! compatible HTTP backend with its response cache ([`http`], [`cache`]). Knows nothing of stages
+//! or models (it borrows only the engine's canonical-JSON hash, so cache keys are computed one
+//! way): the `judge` stage (HTTP) and the `judge_local` stage (the model core, in the worker) both
+//! drive it.
 
 pub mod cache;
 pub mod ensemble;
@@ -15,6 +16,8 @@ pub mod templates;
 pub mod vote;
 
 use std::path::PathBuf;
+
+use serde_json::Value;
 
 pub use ensemble::{aggregate, plan_votes, Aggregate, JudgmentRow, PlanOptions, Vote};
 pub use templates::Template;
@@ -41,4 +44,31 @@ pub enum JudgeError {
 pub struct Message {
     pub role: String,
     pub content: String,
+}
+
+/// The reply text of a chat completion response: `choices[0].message.content` (a `null` content
+/// is an empty reply). `None` when the body is not a chat completion.
+pub fn reply_content(response: &Value) -> Option<String> {
+    let message = response.get("choices")?.get(0)?.get("message")?;
+    match message.get("content") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Null) | None => Some(String::new()),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reply_content_reads_chat_completions_only() {
+        let ok = json!({"choices": [{"message": {"role": "assistant", "content": "Verdict: YES"}}]});
+        assert_eq!(reply_content(&ok).as_deref(), Some("Verdict: YES"));
+        assert_eq!(reply_content(&json!({"choices": [{"message": {"content": null}}]})).as_deref(), Some(""));
+        assert_eq!(reply_content(&json!({"error": {"message": "x"}})), None);
+        assert_eq!(reply_content(&json!({"choices": []})), None);
+        assert_eq!(reply_content(&json!({"choices": [{"message": {"content": 3}}]})), None);
+    }
 }
