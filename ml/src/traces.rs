@@ -1,7 +1,7 @@
-//! What the per-trace credit scorers other than σ (`score_mc`, `score_loo`, `score_grad`) share:
-//! the wiring of `score_sigma` (prompts, rollouts, segments joined by (prompt id, sample)), a
-//! trace's token ids as the policy sees them, the y* target, and the `scores` row with σ
-//! normalized exactly as `score_sigma` does ([`rredcot::credit::sigma::normalize`]).
+//! What the per-trace credit scorers (`score_sigma`, `score_mc`, `score_loo`, `score_grad`,
+//! `score_progress`) share: their wiring (prompts, rollouts, segments joined by (prompt id,
+//! sample)), a trace's token ids as the policy sees them, the y* target, and the `scores` row with
+//! σ normalized by [`rredcot::credit::sigma::normalize`].
 //!
 //! Also the prompt ids every ML stage gives the policy ([`encode_prompt`]: rollout, scoring and
 //! update must agree on them).
@@ -127,10 +127,16 @@ impl Trace<'_> {
 
 /// y* as the scorers ask for it after a prefix: `template` with `{answer}` filled.
 pub fn answer_ids(tok: &Tokenizer, template: &str, answer: &str) -> Result<Vec<i64>> {
+    check_answer_template(template)?;
+    Ok(tok.encode(&template.replace("{answer}", answer))?)
+}
+
+/// A template without `{answer}` would ask every prefix for the same text, whatever y* is.
+pub fn check_answer_template(template: &str) -> Result<()> {
     if !template.contains("{answer}") {
         bail!("answer_template must contain {{answer}}");
     }
-    Ok(tok.encode(&template.replace("{answer}", answer))?)
+    Ok(())
 }
 
 /// Writes the `scores` output with the counters every scorer reports (`traces_scored`,

@@ -31,8 +31,8 @@ pub use error::{ModelError, Result};
 pub use generate::{generate, generate_continuous, prefill_completion, FinishReason, Generation, Prefilled, SamplingParams};
 pub use layers::KvCache;
 pub use score::{
-    embedding_grad_l1, logprob, score_cuts, score_cuts_many, score_cuts_naive, score_cuts_reusing, CutRequest, PrefixReuse,
-    SharedRows,
+    embedding_grad_l1, logprob, score_cuts, score_cuts_batch, score_cuts_many, score_cuts_naive, score_cuts_reusing, CutCost,
+    CutRequest, CutScorer, PackError, PrefixReuse, SharedRows,
 };
 pub use tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 

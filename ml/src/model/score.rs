@@ -5,6 +5,8 @@
 //!   `c_0 < … < c_T` and targets (y*, u*): every `log p(target | trace[..c])`. The trace is run
 //!   **once**; its per-layer keys/values are then shared by all (cut, target) rows, each row
 //!   attending to the trace keys before its cut (a block mask) and causally to its own target.
+//! - [`score_cuts_batch`]: many traces at once, rows shared between them scored once, the rest
+//!   in packed passes (what `score_sigma` runs).
 //! - [`score_cuts_naive`]: the test oracle, one full prefill per (cut, target).
 
 use std::collections::HashMap;
@@ -444,6 +446,99 @@ fn prefill_after_shared_prefix(model: &DecoderLm, trace: &[i64], prev: PrefixReu
     let h_new = model.hidden(&ids, &pos, &mask, Some(&mut cache));
     let h = Tensor::cat(&[&hidden.narrow(1, 0, shared), &h_new], 1);
     (h, cache)
+}
+
+/// How [`score_cuts_batch`] scores each pack of traces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CutScorer {
+    /// [`score_cuts_reusing`]: one pass per pack, keys/values shared by all cuts (the point).
+    KvShared,
+    /// [`score_cuts_naive`]: one prefill per (cut, target); the oracle, for checks.
+    Naive,
+}
+
+/// What [`score_cuts_batch`] ran: sequences and token positions through the model, and the rows
+/// it did not score because an earlier request scored the same row.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CutCost {
+    pub sequences: usize,
+    pub positions: usize,
+    pub reused_rows: usize,
+}
+
+/// A pack of [`score_cuts_batch`] that failed: its first and last request and the model's error.
+#[derive(Debug, thiserror::Error)]
+#[error("scoring requests {first} .. {last}: {source}")]
+pub struct PackError {
+    pub first: usize,
+    pub last: usize,
+    #[source]
+    pub source: ModelError,
+}
+
+/// Every request's `values[cut][target]`, scored as cheaply as the requests allow: rows shared
+/// between requests are scored once (`dedupe`, [`SharedRows`]), the rest in packs of traces up to
+/// `pack_tokens` tokens, one pass per pack (a pack of one trace reuses the previous trace's
+/// keys/values, [`PrefixReuse`]). `progress(done)` is called after each pack with the number of
+/// requests finished (those whose every row was shared count from the start).
+pub fn score_cuts_batch(
+    model: &DecoderLm,
+    reqs: &[CutRequest],
+    scorer: CutScorer,
+    pack_tokens: usize,
+    dedupe: bool,
+    mut progress: impl FnMut(usize),
+) -> std::result::Result<(Vec<Vec<Vec<f64>>>, CutCost), PackError> {
+    let shared = if dedupe { SharedRows::find(reqs) } else { SharedRows::none(reqs) };
+    let reduced: Vec<Option<CutRequest>> = reqs.iter().enumerate().map(|(r, q)| shared.request(r, q)).collect();
+    let mut packs: Vec<Vec<usize>> = Vec::new();
+    let mut in_pack = 0usize;
+    for (r, q) in reduced.iter().enumerate() {
+        if let Some(q) = q {
+            if packs.is_empty() || (in_pack + q.trace.len() > pack_tokens && in_pack > 0) {
+                packs.push(Vec::new());
+                in_pack = 0;
+            }
+            packs.last_mut().expect("a pack").push(r);
+            in_pack += q.trace.len();
+        }
+    }
+    let mut scored: Vec<Option<Vec<Vec<f64>>>> = vec![None; reduced.len()];
+    let mut reuse: Option<PrefixReuse> = None;
+    let mut cost = CutCost { reused_rows: shared.reused_rows(), ..CutCost::default() };
+    let mut done = reduced.iter().filter(|q| q.is_none()).count();
+    for pack in &packs {
+        let reqs: Vec<CutRequest> = pack.iter().map(|&r| reduced[r].expect("packs hold traces to score")).collect();
+        for q in &reqs {
+            let (n, p) = pass_cost(q, scorer);
+            cost.sequences += n;
+            cost.positions += p;
+        }
+        if scorer == CutScorer::KvShared {
+            cost.positions -= PrefixReuse::tokens_saved(&reuse, &reqs);
+        }
+        let values = match scorer {
+            CutScorer::KvShared => score_cuts_reusing(model, &reqs, &mut reuse),
+            CutScorer::Naive => reqs.iter().map(|q| score_cuts_naive(model, q.trace, q.cuts, q.targets)).collect(),
+        }
+        .map_err(|source| PackError { first: pack[0], last: pack[pack.len() - 1], source })?;
+        for (&r, v) in pack.iter().zip(values) {
+            scored[r] = Some(v);
+        }
+        done += pack.len();
+        progress(done);
+    }
+    Ok((shared.expand(&scored), cost))
+}
+
+/// Model cost of scoring `q`: (sequences, token positions) run. kv_shared: the trace once, then
+/// every (cut, target) row on its shared prefix; naive: one prefill per (cut, target).
+fn pass_cost(q: &CutRequest, scorer: CutScorer) -> (usize, usize) {
+    match scorer {
+        CutScorer::KvShared => (1 + q.cuts.len() * q.targets.len(), q.trace.len() + q.cuts.len() * q.targets.iter().map(Vec::len).sum::<usize>()),
+        CutScorer::Naive => (q.cuts.len() * q.targets.len(), q.cuts.iter().flat_map(|c| q.targets.iter().map(move |t| c + t.len())).sum()),
+    }
 }
 
 /// Test oracle for [`score_cuts`]: one independent full prefill of `trace[..c] ++ target` per

@@ -15,20 +15,17 @@
 //! When u* is written as `<think>…</think>answer` (the default world), v_t scores its chain of
 //! thought ([`rredcot::credit::thinking::reasoning_body`]): the continuation of a partial one.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use rredcot::artifact::rows::{PromptRow, RolloutRow, ScoreRow, SegmentRow};
-use rredcot::artifact::{read_rows, write_rows, Schema};
-use rredcot::credit::segmentation::checked_ends;
+use rredcot::artifact::rows::ScoreRow;
 use rredcot::credit::sigma::{self, Normalize, Terms};
 use rredcot::credit::thinking::reasoning_body;
 use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::{load_policy_on, use_threads};
-use crate::traces::encode_prompt;
-use crate::model::{score_cuts_naive, score_cuts_reusing, CutRequest, DecoderLm, PrefixReuse, SharedRows, Tokenizer};
+use crate::model::{score_cuts_batch, CutRequest, CutScorer, Tokenizer};
+use crate::traces::{answer_ids, check_answer_template, write_scores, Trace, TraceInputs, TraceTokens};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -55,14 +52,6 @@ enum OnTooLong {
     Truncate,
 }
 
-/// `kv_shared` (the stage's point) or `naive` (one prefill per cut; the oracle, for checks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Scorer {
-    KvShared,
-    Naive,
-}
-
 /// The stage's params (stages/score_sigma.toml documents them); unknown or mistyped ones are
 /// errors naming the stage and the param.
 #[derive(Debug, serde::Deserialize)]
@@ -75,7 +64,8 @@ struct Settings {
     #[serde(rename = "on_missing_reference")]
     on_missing: OnMissing,
     on_too_long: OnTooLong,
-    scorer: Scorer,
+    /// `kv_shared` (the stage's point) or `naive` (one prefill per cut; the oracle, for checks).
+    scorer: CutScorer,
     pack_tokens: usize,
     dedupe_rows: bool,
     device: crate::model::DeviceChoice,
@@ -114,23 +104,18 @@ enum Prepared {
     Done(Scored),
 }
 
-fn prepare(
-    model: &DecoderLm,
-    tok: &Tokenizer,
-    s: &Settings,
-    prompt: &PromptRow,
-    rollout: &RolloutRow,
-    seg: &SegmentRow,
-) -> Result<Prepared> {
-    let n = rollout.cot_len();
-    let ends = checked_ends(&seg.seg_starts, &seg.seg_ends, n).map_err(anyhow::Error::msg)?;
+/// The trace's cuts and targets (y* and/or u*) within the policy's `context`, or its uniform σ
+/// when the reference it needs is missing and `on_missing_reference = "uniform"`.
+fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens: TraceTokens) -> Result<Prepared> {
+    let (prompt, rollout, seg) = (trace.prompt, trace.rollout, trace.seg);
+    let segments = tokens.bounds.len();
     let uniform = |missing: bool| Scored {
         row: ScoreRow {
             prompt_id: seg.prompt_id.clone(),
             sample_idx: seg.sample_idx,
             r: vec![],
             v: vec![],
-            sigma: vec![1.0 / ends.len() as f64; ends.len()],
+            sigma: vec![1.0 / segments as f64; segments],
             method: "uniform".into(),
         },
         solution_truncated: false,
@@ -154,18 +139,12 @@ fn prepare(
         };
     }
 
-    let prompt_ids = encode_prompt(tok, prompt)?;
-    let mut completion: Vec<i64> = rollout.completion_ids[..n].iter().map(|&t| t as i64).collect();
-    if completion.last().is_some_and(|t| tok.eos_ids.contains(t)) {
-        completion.pop();
-    }
-    let p = prompt_ids.len();
-    let mut trace: Vec<i64> = prompt_ids.into_iter().chain(completion.iter().copied()).collect();
-    let mut cuts: Vec<usize> = std::iter::once(p).chain(ends.iter().map(|&e| p + e.min(completion.len()))).collect();
+    let p = tokens.prompt.len();
+    let mut cuts: Vec<usize> = std::iter::once(p).chain(tokens.bounds.iter().map(|&(_, e)| p + e)).collect();
+    let mut trace = tokens.prefix(tokens.completion.len());
 
-    let context = model.cfg.max_position_embeddings as usize;
     let y = match answer.filter(|_| need_answer) {
-        Some(a) => Some(tok.encode(&s.answer_template.replace("{answer}", a.trim()))?),
+        Some(a) => Some(answer_ids(tok, &s.answer_template, a.trim())?),
         None => None,
     };
     let mut u = match solution.filter(|_| need_solution) {
@@ -231,57 +210,25 @@ fn finish(q: Request, values: &[Vec<f64>], s: &Settings) -> Scored {
     }
 }
 
-/// Model cost of scoring `q`: (sequences, token positions) run. kv_shared: the trace once, then
-/// every (cut, target) row on its shared prefix; naive: one prefill per (cut, target).
-fn cost(q: &CutRequest, scorer: Scorer) -> (usize, usize) {
-    match scorer {
-        Scorer::KvShared => (1 + q.cuts.len() * q.targets.len(), q.trace.len() + q.cuts.len() * q.targets.iter().map(Vec::len).sum::<usize>()),
-        Scorer::Naive => (q.cuts.len() * q.targets.len(), q.cuts.iter().flat_map(|c| q.targets.iter().map(move |t| c + t.len())).sum()),
-    }
-}
-
-/// Scores a pack of traces: in one packed pass (`kv_shared`; a pack of one trace reuses the
-/// previous trace's keys/values up to their common prefix) or one by one with the oracle.
-fn score_pack(model: &DecoderLm, pack: &[CutRequest], scorer: Scorer, reuse: &mut Option<PrefixReuse>) -> Result<Vec<Vec<Vec<f64>>>> {
-    Ok(match scorer {
-        Scorer::KvShared => score_cuts_reusing(model, pack, reuse)?,
-        Scorer::Naive => pack.iter().map(|q| score_cuts_naive(model, q.trace, q.cuts, q.targets)).collect::<std::result::Result<_, _>>()?,
-    })
-}
-
 pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let s: Settings = ctx.params()?;
     use_threads(s.threads);
-    let (pack_tokens, dedupe) = (s.pack_tokens, s.dedupe_rows);
-    if !s.answer_template.contains("{answer}") {
-        bail!("stage `{}`: answer_template must contain {{answer}}", ctx.instance);
-    }
-    let prompts: Vec<PromptRow> = read_rows(ctx.input("prompts")?, Schema::Prompts)?;
-    let rollouts_path = ctx.input("rollouts")?.to_path_buf();
-    let rollouts: Vec<RolloutRow> = read_rows(&rollouts_path, Schema::Rollouts)?;
-    let segments_path = ctx.input("segments")?.to_path_buf();
-    let segments: Vec<SegmentRow> = read_rows(&segments_path, Schema::Segments)?;
-    let by_id: HashMap<&str, &PromptRow> = prompts.iter().map(|p| (p.id.as_str(), p)).collect();
-    let by_key: HashMap<(&str, i32), &RolloutRow> =
-        rollouts.iter().map(|r| ((r.prompt_id.as_str(), r.sample_idx), r)).collect();
+    check_answer_template(&s.answer_template).with_context(|| format!("stage `{}`", ctx.instance))?;
+    let inputs = TraceInputs::read(ctx)?;
+    let traces = inputs.traces()?;
     let (model, tok) = load_policy_on(ctx, "policy", s.device, s.dtype)?;
+    let context = model.cfg.max_position_embeddings as usize;
 
     // 1. Every row's trace, cuts and targets (errors name the row).
-    let mut prepared = Vec::with_capacity(segments.len());
-    for (i, seg) in segments.iter().enumerate() {
-        let at = || format!("{} row {i} (prompt {}, sample {})", segments_path.display(), seg.prompt_id, seg.sample_idx);
-        let rollout = by_key
-            .get(&(seg.prompt_id.as_str(), seg.sample_idx))
-            .with_context(|| format!("{}: no such rollout in {}", at(), rollouts_path.display()))?;
-        let prompt = by_id
-            .get(seg.prompt_id.as_str())
-            .with_context(|| format!("{}: prompt not in the wired prompts", at()))?;
-        prepared.push(prepare(&model, &tok, &s, prompt, rollout, seg).with_context(at)?);
+    let mut prepared = Vec::with_capacity(traces.len());
+    for t in &traces {
+        let tokens = t.tokens(&tok)?;
+        prepared.push(prepare(context, &tok, &s, t, tokens).with_context(|| t.at.clone())?);
     }
-    // 2. Rows shared between traces (the prompt-end cut of a group, samples that begin alike)
-    //    are scored once; each trace keeps only the cuts it scores itself.
+    // 2. The traces to score, in one model-core call: rows shared between traces (the prompt-end
+    //    cut of a group, samples that begin alike) scored once, the rest in packed passes.
     let to_score: Vec<usize> = (0..prepared.len()).filter(|&i| matches!(prepared[i], Prepared::Score(_))).collect();
     let requests: Vec<CutRequest> = to_score
         .iter()
@@ -290,94 +237,50 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             Prepared::Done(_) => unreachable!("only traces to score"),
         })
         .collect();
-    let shared = if dedupe { SharedRows::find(&requests) } else { SharedRows::none(&requests) };
-    let reduced: Vec<Option<CutRequest>> = requests.iter().enumerate().map(|(r, q)| shared.request(r, q)).collect();
-    // 3. Packs of traces up to `pack_tokens` tokens together, scored in one pass each.
-    let mut packs: Vec<Vec<usize>> = Vec::new();
-    let mut in_pack = 0usize;
-    for (r, q) in reduced.iter().enumerate() {
-        if let Some(q) = q {
-            if packs.is_empty() || (in_pack + q.trace.len() > pack_tokens && in_pack > 0) {
-                packs.push(Vec::new());
-                in_pack = 0;
-            }
-            packs.last_mut().expect("a pack").push(r);
-            in_pack += q.trace.len();
-        }
-    }
-    let mut scored: Vec<Option<Vec<Vec<f64>>>> = vec![None; reduced.len()];
-    let mut reuse: Option<PrefixReuse> = None;
-    let (mut sequences, mut positions) = (0usize, 0usize);
     let t0 = Instant::now();
-    let mut progress = ctx.progress(segments.len() as u64, "sigma");
-    let mut done = prepared.len() - requests.len() + reduced.iter().filter(|q| q.is_none()).count();
-    for pack in &packs {
-        let reqs: Vec<CutRequest> = pack.iter().map(|&r| reduced[r].expect("packs hold traces to score")).collect();
-        for q in &reqs {
-            let (n, p) = cost(q, s.scorer);
-            sequences += n;
-            positions += p;
-        }
-        if s.scorer == Scorer::KvShared {
-            positions -= PrefixReuse::tokens_saved(&reuse, &reqs);
-        }
-        let values = score_pack(&model, &reqs, s.scorer, &mut reuse).with_context(|| {
-            format!("{}: scoring rows {} .. {}", segments_path.display(), to_score[pack[0]], to_score[pack[pack.len() - 1]])
-        })?;
-        for (&r, v) in pack.iter().zip(values) {
-            scored[r] = Some(v);
-        }
-        done += pack.len();
+    let mut progress = ctx.progress(traces.len() as u64, "sigma");
+    let uniform = prepared.len() - requests.len();
+    let (scored, cost) = score_cuts_batch(&model, &requests, s.scorer, s.pack_tokens, s.dedupe_rows, |done| {
+        let done = uniform + done;
         let rate = done as f64 / t0.elapsed().as_secs_f64().max(1e-9);
         progress.set(done as u64, &format!("sigma {rate:.1} traces/s"));
-    }
+    })
+    .map_err(|e| {
+        let rows = format!("scoring {} through row {}", traces[to_score[e.first]].at, to_score[e.last]);
+        anyhow::Error::new(e.source).context(rows)
+    })?;
     let mut values: Vec<Option<Vec<Vec<f64>>>> = vec![None; prepared.len()];
-    for (&i, v) in to_score.iter().zip(shared.expand(&scored)) {
+    for (&i, v) in to_score.iter().zip(scored) {
         values[i] = Some(v);
     }
-    let reused = shared.reused_rows();
-    // 4. σ per trace, in row order.
-    let mut out = Vec::with_capacity(segments.len());
-    let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing, mut segs) = (0i64, 0i64, 0i64, 0i64, 0i64);
-    let mut sigma_entropy = 0.0;
-    for (i, (p, v)) in prepared.into_iter().zip(values).enumerate() {
+    // 3. σ per trace, in row order.
+    let mut out = Vec::with_capacity(traces.len());
+    let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing) = (0i64, 0i64, 0i64, 0i64);
+    for ((p, v), t) in prepared.into_iter().zip(values).zip(&traces) {
         let scored = match (p, v) {
             (Prepared::Done(d), _) => d,
             (Prepared::Score(q), Some(v)) => finish(q, &v, &s),
-            (Prepared::Score(_), None) => unreachable!("every trace to score is in a pack"),
+            (Prepared::Score(_), None) => unreachable!("every trace to score was scored"),
         };
         if let Some(bad) = scored.row.sigma.iter().find(|x| !x.is_finite()) {
-            let seg = &segments[i];
-            bail!("{} row {i} (prompt {}, sample {}): σ is {bad} (normalize = none on a non-finite value curve)", segments_path.display(), seg.prompt_id, seg.sample_idx);
+            bail!("{}: σ is {bad} (normalize = none on a non-finite value curve)", t.at);
         }
         sol_trunc += scored.solution_truncated as i64;
         trace_trunc += scored.trace_truncated as i64;
         fell_back += scored.fell_back as i64;
         missing += scored.missing as i64;
-        segs += scored.row.sigma.len() as i64;
-        if s.normalize != Normalize::None {
-            sigma_entropy += sigma::entropy(&scored.row.sigma);
-        }
         out.push(scored.row);
     }
     progress.finish();
-    let n = out.len().max(1) as f64;
-    ctx.count("traces_scored", out.len() as i64);
-    ctx.count("segments_scored", segs);
-    ctx.count("sigma_uniform_fallback", fell_back);
     ctx.count("missing_reference", missing);
     ctx.count("solution_targets_truncated", sol_trunc);
     ctx.count("traces_truncated", trace_trunc);
     ctx.count("tokens_generated", 0);
-    ctx.count("forward_sequences", sequences as i64);
-    ctx.count("forward_tokens", positions as i64);
-    ctx.count("rows_reused", reused as i64);
-    ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / n);
-    if s.normalize != Normalize::None {
-        ctx.metric("mean_sigma_entropy", sigma_entropy / n);
-    }
-    write_rows(ctx.output("scores")?, Schema::Scores, &out)?;
-    Ok(())
+    ctx.count("forward_sequences", cost.sequences as i64);
+    ctx.count("forward_tokens", cost.positions as i64);
+    ctx.count("rows_reused", cost.reused_rows as i64);
+    ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / out.len().max(1) as f64);
+    write_scores(ctx, &out, fell_back, s.normalize)
 }
 
 #[cfg(test)]
@@ -389,7 +292,7 @@ mod tests {
     fn the_shipped_params_are_what_the_stage_reads() {
         let shipped = super::super::tests::shipped_params("score_sigma");
         let s: Settings = parse_params("score_sigma", &shipped).unwrap();
-        assert_eq!((s.scorer, s.on_missing, s.dedupe_rows), (Scorer::KvShared, OnMissing::Error, true));
+        assert_eq!((s.scorer, s.on_missing, s.dedupe_rows), (CutScorer::KvShared, OnMissing::Error, true));
         let mut typo = shipped;
         typo.insert("on_missing".into(), "skip".into());
         let e = parse_params::<Settings>("score", &typo).unwrap_err().to_string();

@@ -1,8 +1,10 @@
-//! What the policy update needs beyond the model: the clipped policy-gradient loss with per-token
-//! credit ([`loss`]), a resumable AdamW ([`adamw`]), the precision and checkpointing of the
-//! forward and backward ([`step`]) and the learning-rate schedule.
+//! What the policy update needs beyond the model: one GRPO update over a batch ([`grpo`]), the
+//! clipped policy-gradient loss with per-token credit ([`loss`]), a resumable AdamW ([`adamw`]),
+//! the precision and checkpointing of the forward and backward ([`step`]) and the learning-rate
+//! schedule.
 
 pub mod adamw;
+pub mod grpo;
 pub mod loss;
 pub mod step;
 
