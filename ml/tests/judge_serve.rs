@@ -16,9 +16,9 @@ use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::judge::http::{ChatClient, ChatRequest, HttpConfig, Stats};
 use serde_json::{json, Value};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+#[allow(dead_code)]
+mod common;
+use common::{instance, record, repo, world_front};
 
 fn worker() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
@@ -36,23 +36,12 @@ fn serve_binary() -> PathBuf {
     }
 }
 
-const PIPELINE: &str = r#"
-[[stage]]
-name = "taskgen"
-params = { n_train = 300, n_eval = 20, max_steps = 2 }
+const TASKGEN: &str = "n_train = 300, n_eval = 20, max_steps = 2";
+// 200 steps: in the thinking default world a 40-step model answers only newlines, and the judge test needs text.
+const SFT: &str = "steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16, max_len = 2048";
 
-[[stage]]
-name = "tokenizer"
-uses = "tokenizer_train"
-inputs = { corpus = "taskgen.train" }
-
-[[stage]]
-name = "sft"
-uses = "bootstrap_sft"
-inputs = { train = "taskgen.train", eval = "taskgen.eval", tokenizer = "tokenizer.tokenizer" }
-# 200 steps: in the thinking default world a 40-step model answers only newlines, and the judge test needs text.
-params = { steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16, max_len = 2048 }
-
+/// After the world's front ([`common::world_front`]): the judge through the server and locally.
+const JUDGES: &str = r#"
 [[stage]]
 name = "judge"
 inputs = { eval = "file:eval.parquet" }
@@ -68,14 +57,6 @@ fn run(store: &Path, pipeline: &Path, args: &[&str]) -> Value {
     let out = Command::new(worker()).arg("--store").arg(store).args(["pipeline", "run"]).arg(pipeline).arg("--json").args(args).output().unwrap();
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn instance(store: &Path, summary: &Value, stage: &str) -> PathBuf {
-    store.join("instances").join(summary["keys"][stage].as_str().unwrap())
-}
-
-fn record(store: &Path, summary: &Value, stage: &str) -> Value {
-    serde_json::from_slice(&std::fs::read(instance(store, summary, stage).join("run.json")).unwrap()).unwrap()
 }
 
 /// The server process; killed on drop.
@@ -161,7 +142,7 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let pipeline = dir.path().join("judge.toml");
-    std::fs::write(&pipeline, format!("stage_dirs = [{:?}]\n{PIPELINE}", repo().join("stages").display().to_string())).unwrap();
+    std::fs::write(&pipeline, format!("stage_dirs = [{:?}]\n{}{JUDGES}", repo().join("stages").display().to_string(), world_front(TASKGEN, SFT))).unwrap();
     // The eval rows come from the task's problems: a placeholder until the world has run.
     write_rows::<EvalRow>(&dir.path().join("eval.parquet"), Schema::Eval, &[]).unwrap();
     let world = run(&store, &pipeline, &["--until", "sft"]);

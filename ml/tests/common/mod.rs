@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each test binary uses some of these helpers
 //! Helpers shared by the ML integration tests (credit stages and methods, analysis, progress and
 //! resets, evaluation/report, paper pipelines):
 //! the tiny configuration of `pipelines/incremental-rescore.toml` and reading a run's records and
@@ -27,19 +28,35 @@ pub const TINY_WORLD: &[&str] = &[
     "sft.eval_max_new_tokens=16",
 ];
 
+/// The default world's first stages as pipeline TOML: `taskgen` -> `tokenizer` (tokenizer_train)
+/// -> `sft` (bootstrap_sft), with these params (empty: the stage files' defaults, or `--set`
+/// [`TINY_WORLD`]). Later stages wire `taskgen.eval` and `sft.model`.
+pub fn world_front(taskgen_params: &str, sft_params: &str) -> String {
+    let params = |p: &str| if p.is_empty() { String::new() } else { format!("params = {{ {p} }}\n") };
+    format!(
+        "[[stage]]\nname = \"taskgen\"\n{}\n[[stage]]\nname = \"tokenizer\"\nuses = \"tokenizer_train\"\ninputs = {{ corpus = \"taskgen.train\" }}\n\n\
+         [[stage]]\nname = \"sft\"\nuses = \"bootstrap_sft\"\ninputs = {{ train = \"taskgen.train\", eval = \"taskgen.eval\", tokenizer = \"tokenizer.tokenizer\" }}\n{}\n",
+        params(taskgen_params),
+        params(sft_params)
+    )
+}
+
+/// The instance directory of `stage` in a `pipeline run --json` summary.
+pub fn instance(store: &Path, summary: &Value, stage: &str) -> PathBuf {
+    store.join("instances").join(summary["keys"][stage].as_str().unwrap())
+}
+
 /// With `TINY_WORLD`, a tiny configuration of the incremental pipeline: a small rollout.
 pub const TINY_ROLLOUT: &[&str] = &["rollout.limit=3", "rollout.group_size=2", "rollout.max_new_tokens=48"];
 
 /// The run record of `stage` in a `pipeline run --json` summary.
 pub fn record(store: &Path, summary: &Value, stage: &str) -> Value {
-    let key = summary["keys"][stage].as_str().unwrap();
-    serde_json::from_slice(&std::fs::read(store.join("instances").join(key).join("run.json")).unwrap()).unwrap()
+    serde_json::from_slice(&std::fs::read(instance(store, summary, stage).join("run.json")).unwrap()).unwrap()
 }
 
 /// Output `name` of `stage`: its Parquet file, or its directory.
 pub fn output(store: &Path, summary: &Value, stage: &str, name: &str) -> PathBuf {
-    let key = summary["keys"][stage].as_str().unwrap();
-    let dir = store.join("instances").join(key).join("outputs");
+    let dir = instance(store, summary, stage).join("outputs");
     let parquet = dir.join(format!("{name}.parquet"));
     if parquet.exists() {
         parquet
