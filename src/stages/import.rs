@@ -154,33 +154,21 @@ fn batch_rows(path: &Path, batch: &RecordBatch) -> anyhow::Result<Vec<SourceRow>
 #[allow(clippy::result_unit_err)]
 fn to_json(arr: &dyn Array) -> Result<Vec<Result<Value, ()>>, String> {
     let n = arr.len();
+    // Each row: null where the array is, else the row's value.
+    let rows = |value: &dyn Fn(usize) -> Value| -> Vec<Result<Value, ()>> {
+        (0..n).map(|i| Ok(if arr.is_null(i) { Value::Null } else { value(i) })).collect()
+    };
     macro_rules! prim {
         ($t:ty) => {{
             let a = arr.as_primitive::<$t>();
-            (0..n)
-                .map(|i| {
-                    Ok(if a.is_null(i) {
-                        Value::Null
-                    } else {
-                        json!(a.value(i))
-                    })
-                })
-                .collect()
+            rows(&|i| json!(a.value(i)))
         }};
     }
     Ok(match arr.data_type() {
         DataType::Null => vec![Ok(Value::Null); n],
         DataType::Boolean => {
             let a = arr.as_boolean();
-            (0..n)
-                .map(|i| {
-                    Ok(if a.is_null(i) {
-                        Value::Null
-                    } else {
-                        Value::Bool(a.value(i))
-                    })
-                })
-                .collect()
+            rows(&|i| Value::Bool(a.value(i)))
         }
         DataType::Int8 => prim!(Int8Type),
         DataType::Int16 => prim!(Int16Type),
@@ -194,39 +182,15 @@ fn to_json(arr: &dyn Array) -> Result<Vec<Result<Value, ()>>, String> {
         DataType::Float64 => prim!(Float64Type),
         DataType::Utf8 => {
             let a = arr.as_string::<i32>();
-            (0..n)
-                .map(|i| {
-                    Ok(if a.is_null(i) {
-                        Value::Null
-                    } else {
-                        Value::String(a.value(i).to_string())
-                    })
-                })
-                .collect()
+            rows(&|i| a.value(i).into())
         }
         DataType::LargeUtf8 => {
             let a = arr.as_string::<i64>();
-            (0..n)
-                .map(|i| {
-                    Ok(if a.is_null(i) {
-                        Value::Null
-                    } else {
-                        Value::String(a.value(i).to_string())
-                    })
-                })
-                .collect()
+            rows(&|i| a.value(i).into())
         }
         DataType::Utf8View => {
             let a = arr.as_string_view();
-            (0..n)
-                .map(|i| {
-                    Ok(if a.is_null(i) {
-                        Value::Null
-                    } else {
-                        Value::String(a.value(i).to_string())
-                    })
-                })
-                .collect()
+            rows(&|i| a.value(i).into())
         }
         DataType::Binary => binary_values(arr.as_binary::<i32>()),
         DataType::LargeBinary => binary_values(arr.as_binary::<i64>()),
@@ -724,6 +688,18 @@ mod tests {
     use arrow::datatypes::{Field, Fields};
 
     use super::*;
+
+    #[test]
+    fn every_string_layout_boolean_and_number_cell_reads_as_json_with_its_nulls() {
+        use arrow::array::{BooleanArray, LargeStringArray, StringViewArray};
+        let cells = |a: &dyn Array| to_json(a).unwrap().into_iter().map(Result::unwrap).collect::<Vec<_>>();
+        let want = vec![json!("a"), Value::Null, json!("ç")];
+        assert_eq!(cells(&StringArray::from(vec![Some("a"), None, Some("ç")])), want);
+        assert_eq!(cells(&LargeStringArray::from(vec![Some("a"), None, Some("ç")])), want);
+        assert_eq!(cells(&StringViewArray::from(vec![Some("a"), None, Some("ç")])), want);
+        assert_eq!(cells(&BooleanArray::from(vec![None, Some(true)])), vec![Value::Null, json!(true)]);
+        assert_eq!(cells(&Int64Array::from(vec![Some(-3), None])), vec![json!(-3), Value::Null]);
+    }
 
     fn import(
         path: &Path,
