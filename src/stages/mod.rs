@@ -22,10 +22,10 @@ use crate::engine::{Builtin, Catalog, Runtime};
 
 /// The builtins of this package, each as its module declares it.
 pub const STAGES: &[Builtin] = &[
-    demo::NUMBERS,
-    demo::SCALE,
-    demo::SUM,
-    demo::STEP,
+    demo::numbers::STAGE,
+    demo::scale::STAGE,
+    demo::sum::STAGE,
+    demo::step::STAGE,
     taskgen::STAGE,
     tokenizer_train::STAGE,
     import::STAGE,
