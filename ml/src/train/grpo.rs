@@ -118,96 +118,122 @@ pub fn update(
     cfg: &UpdateConfig,
     mut progress: impl FnMut(usize, f64, f64),
 ) -> Result<Vec<MetricsRow>> {
-    let UpdateConfig { temperature, max_completion, inner_epochs, minibatch, micro, train_step, total_steps, lr, warmup, min_ratio, clip, .. } = *cfg;
-    let mb_size = if minibatch == 0 { seqs.len() } else { minibatch };
+    let mb_size = if cfg.minibatch == 0 { seqs.len() } else { cfg.minibatch };
     let minibatches: Vec<&[Sequence]> = seqs.chunks(mb_size).collect();
-    let steps_per_update = inner_epochs * minibatches.len();
+    let steps = cfg.optimizer_steps(seqs.len());
     // dapo's normalizer as in TRL: the batch's completion tokens over its optimizer steps per epoch.
     let dapo_tokens = dapo_tokens_per_step(seqs.iter().map(|s| s.completion_len()).sum(), minibatches.len());
-    let params = train.params();
-    let device = train.master().device();
-
     // Old log-probs (π_old = the policy before this update) are only needed when the policy moves
     // within the update; with one step, π_old = π detached (ratio 1), as in TRL.
-    let needs_old = steps_per_update > 1;
-    let micro_batches = |mb: &[Sequence]| -> Vec<Vec<usize>> {
-        (0..mb.len()).collect::<Vec<_>>().chunks(micro).map(|c| c.to_vec()).collect()
-    };
-    let mut old_logps: Vec<Vec<Tensor>> = Vec::new();
-    let mut ref_logps: Vec<Vec<Option<Tensor>>> = Vec::new();
-    for mb in &minibatches {
-        let (mut olds, mut refs) = (Vec::new(), Vec::new());
-        for idx in micro_batches(mb) {
-            let picked: Vec<&Sequence> = idx.iter().map(|&i| &mb[i]).collect();
-            let (ids, _, _, _) = micro_tensors(&picked, device);
-            olds.push(if needs_old { tch::no_grad(|| train.token_logprobs(&ids, temperature))? } else { Tensor::new() });
-            refs.push(match reference {
-                Some(r) => Some(tch::no_grad(|| token_logprobs(r, &ids, temperature))?),
-                None => None,
-            });
-        }
-        old_logps.push(olds);
-        ref_logps.push(refs);
-    }
-
-    let mut metrics = Vec::new();
-    for epoch in 0..inner_epochs {
+    let fixed: Vec<Vec<FixedLogprobs>> =
+        minibatches.iter().map(|mb| fixed_logprobs(train, reference, mb, cfg, steps > 1)).collect::<Result<_>>()?;
+    let mut metrics = Vec::with_capacity(steps);
+    for epoch in 0..cfg.inner_epochs {
         for (mbi, mb) in minibatches.iter().enumerate() {
-            let opt_step = epoch * minibatches.len() + mbi;
-            let global = train_step * steps_per_update + opt_step;
-            let step_lr = lr_at(global, total_steps * steps_per_update, warmup, lr, min_ratio);
-            let parts_idx = micro_batches(mb);
-            let lens: Vec<Vec<usize>> = parts_idx.iter().map(|idx| idx.iter().map(|&i| mb[i].completion_len()).collect()).collect();
-            let factors = sequence_factors(cfg.loss.loss_type, &lens, max_completion, Some(dapo_tokens));
-            train.zero_grad();
-            let (mut loss_sum, mut kl_sum, mut clip_sum, mut tokens) = (0.0, 0.0, 0.0, 0i64);
-            for (k, idx) in parts_idx.iter().enumerate() {
-                let picked: Vec<&Sequence> = idx.iter().map(|&i| &mb[i]).collect();
-                let (ids, mask, credit, adv_t) = micro_tensors(&picked, device);
-                let f_t = Tensor::from_slice(&factors[k].iter().map(|&f| f as f32).collect::<Vec<_>>()).to_device(device);
-                let (l, kl, clip_fraction) = train.backward(&ids, temperature, |logp| {
-                    let old = if needs_old { old_logps[mbi][k].shallow_clone() } else { logp.detach() };
-                    let parts = policy_loss(&cfg.loss, logp, &old, ref_logps[mbi][k].as_ref(), &adv_t, &credit, &f_t, &mask);
-                    let l = parts.loss.double_value(&[]);
-                    if !l.is_finite() {
-                        bail!(
-                            "update step {train_step}: loss is {l} in optimizer step {opt_step}, micro-batch {k} (lr {step_lr:.3e}); nothing was saved"
-                        );
-                    }
-                    Ok((parts.loss, (l, parts.kl, parts.clip_fraction)))
-                })?;
-                let n_tok = mask.sum(Kind::Float).double_value(&[]);
-                loss_sum += l;
-                kl_sum += kl * n_tok;
-                clip_sum += clip_fraction * n_tok;
-                tokens += n_tok as i64;
-            }
-            let norm = grad_norm(params).map_err(|name| {
-                anyhow::anyhow!("update step {train_step}: gradient of `{name}` is not finite in optimizer step {opt_step} (lr {step_lr:.3e}); nothing was saved")
-            })?;
-            clip_grads(params, norm, clip);
-            opt.step(params, step_lr)?;
-            train.weights_changed();
-            let sig: Vec<f64> = mb.iter().filter_map(|s| s.sigma_entropy).collect();
-            metrics.push(MetricsRow {
-                train_step: train_step as i64,
-                opt_step: opt_step as i64,
-                epoch: epoch as i64,
-                minibatch: mbi as i64,
-                loss: loss_sum,
-                kl: kl_sum / tokens.max(1) as f64,
-                clip_fraction: clip_sum / tokens.max(1) as f64,
-                grad_norm: norm,
-                lr: step_lr,
-                mean_reward: mb.iter().map(|s| s.reward).sum::<f64>() / mb.len() as f64,
-                mean_sigma_entropy: if sig.is_empty() { f64::NAN } else { sig.iter().sum::<f64>() / sig.len() as f64 },
-                sequences: mb.len() as i64,
-                tokens,
-            });
-            progress(opt_step + 1, loss_sum, norm);
+            let at = StepAt { epoch, minibatch: mbi, opt_step: epoch * minibatches.len() + mbi, steps };
+            let row = training_step(train, opt, mb, &fixed[mbi], at, dapo_tokens, cfg)?;
+            progress(at.opt_step + 1, row.loss, row.grad_norm);
+            metrics.push(row);
         }
     }
     Ok(metrics)
+}
+
+/// Log-probs of one micro-batch that do not move during the update: π_old's (`None`: π detached
+/// stands in) and the reference policy's (`None`: no KL term).
+struct FixedLogprobs {
+    old: Option<Tensor>,
+    reference: Option<Tensor>,
+}
+
+/// The micro-batches of a minibatch: `micro_batch_size` sequences each, in order.
+fn micro_batches<'a>(mb: &'a [Sequence], micro: usize) -> Vec<Vec<&'a Sequence>> {
+    mb.chunks(micro).map(|c| c.iter().collect()).collect()
+}
+
+fn fixed_logprobs(train: &TrainModel, reference: Option<&DecoderLm>, mb: &[Sequence], cfg: &UpdateConfig, needs_old: bool) -> Result<Vec<FixedLogprobs>> {
+    let device = train.master().device();
+    micro_batches(mb, cfg.micro)
+        .iter()
+        .map(|picked| {
+            let (ids, _, _, _) = micro_tensors(picked, device);
+            Ok(FixedLogprobs {
+                old: if needs_old { Some(tch::no_grad(|| train.token_logprobs(&ids, cfg.temperature))?) } else { None },
+                reference: match reference {
+                    Some(r) => Some(tch::no_grad(|| token_logprobs(r, &ids, cfg.temperature))?),
+                    None => None,
+                },
+            })
+        })
+        .collect()
+}
+
+/// Where an optimizer step is in the update: its epoch, minibatch and index among `steps`.
+#[derive(Clone, Copy)]
+struct StepAt {
+    epoch: usize,
+    minibatch: usize,
+    opt_step: usize,
+    steps: usize,
+}
+
+/// One optimizer step on minibatch `mb` (TRL's `training_step`): every micro-batch's loss
+/// ([`policy_loss`], TRL's `_compute_loss`) backpropagated into the accumulated gradient, which
+/// is clipped before AdamW steps at the scheduled rate.
+fn training_step(train: &TrainModel, opt: &mut AdamW, mb: &[Sequence], fixed: &[FixedLogprobs], at: StepAt, dapo_tokens: f64, cfg: &UpdateConfig) -> Result<MetricsRow> {
+    let (train_step, opt_step) = (cfg.train_step, at.opt_step);
+    let params = train.params();
+    let device = train.master().device();
+    let global = train_step * at.steps + opt_step;
+    let step_lr = lr_at(global, cfg.total_steps * at.steps, cfg.warmup, cfg.lr, cfg.min_ratio);
+    let parts = micro_batches(mb, cfg.micro);
+    let lens: Vec<Vec<usize>> = parts.iter().map(|p| p.iter().map(|s| s.completion_len()).collect()).collect();
+    let factors = sequence_factors(cfg.loss.loss_type, &lens, cfg.max_completion, Some(dapo_tokens));
+    train.zero_grad();
+    let (mut loss_sum, mut kl_sum, mut clip_sum, mut tokens) = (0.0, 0.0, 0.0, 0i64);
+    for (k, picked) in parts.iter().enumerate() {
+        let (ids, mask, credit, adv_t) = micro_tensors(picked, device);
+        let f_t = Tensor::from_slice(&factors[k].iter().map(|&f| f as f32).collect::<Vec<_>>()).to_device(device);
+        let (l, kl, clip_fraction) = train.backward(&ids, cfg.temperature, |logp| {
+            let old = match &fixed[k].old {
+                Some(t) => t.shallow_clone(),
+                None => logp.detach(),
+            };
+            let parts = policy_loss(&cfg.loss, logp, &old, fixed[k].reference.as_ref(), &adv_t, &credit, &f_t, &mask);
+            let l = parts.loss.double_value(&[]);
+            if !l.is_finite() {
+                bail!("update step {train_step}: loss is {l} in optimizer step {opt_step}, micro-batch {k} (lr {step_lr:.3e}); nothing was saved");
+            }
+            Ok((parts.loss, (l, parts.kl, parts.clip_fraction)))
+        })?;
+        let n_tok = mask.sum(Kind::Float).double_value(&[]);
+        loss_sum += l;
+        kl_sum += kl * n_tok;
+        clip_sum += clip_fraction * n_tok;
+        tokens += n_tok as i64;
+    }
+    let norm = grad_norm(params).map_err(|name| {
+        anyhow::anyhow!("update step {train_step}: gradient of `{name}` is not finite in optimizer step {opt_step} (lr {step_lr:.3e}); nothing was saved")
+    })?;
+    clip_grads(params, norm, cfg.clip);
+    opt.step(params, step_lr)?;
+    train.weights_changed();
+    let sig: Vec<f64> = mb.iter().filter_map(|s| s.sigma_entropy).collect();
+    Ok(MetricsRow {
+        train_step: train_step as i64,
+        opt_step: opt_step as i64,
+        epoch: at.epoch as i64,
+        minibatch: at.minibatch as i64,
+        loss: loss_sum,
+        kl: kl_sum / tokens.max(1) as f64,
+        clip_fraction: clip_sum / tokens.max(1) as f64,
+        grad_norm: norm,
+        lr: step_lr,
+        mean_reward: mb.iter().map(|s| s.reward).sum::<f64>() / mb.len() as f64,
+        mean_sigma_entropy: if sig.is_empty() { f64::NAN } else { sig.iter().sum::<f64>() / sig.len() as f64 },
+        sequences: mb.len() as i64,
+        tokens,
+    })
 }
 
 #[cfg(test)]
