@@ -170,7 +170,8 @@ pub struct SharedRows {
 }
 
 impl SharedRows {
-    /// Finds the first occurrence of every row, in request order.
+    /// Finds the first occurrence of every row, in request order (cuts within their traces:
+    /// [`score_cuts_batch`] checks them first).
     pub fn find(reqs: &[CutRequest]) -> Self {
         let mut first: HashMap<(&[i64], &[i64]), (usize, usize, usize)> = HashMap::new();
         let mut owner = Vec::with_capacity(reqs.len());
@@ -490,6 +491,10 @@ pub fn score_cuts_batch(
     dedupe: bool,
     mut progress: impl FnMut(usize),
 ) -> std::result::Result<(Vec<Vec<Vec<f64>>>, CutCost), PackError> {
+    // Before sharing rows, which slices every trace at its cuts.
+    for (r, q) in reqs.iter().enumerate() {
+        validate_cuts(model, q.trace, q.cuts, q.targets).map_err(|source| PackError { first: r, last: r, source })?;
+    }
     let shared = if dedupe { SharedRows::find(reqs) } else { SharedRows::none(reqs) };
     let reduced: Vec<Option<CutRequest>> = reqs.iter().enumerate().map(|(r, q)| shared.request(r, q)).collect();
     let mut packs: Vec<Vec<usize>> = Vec::new();
@@ -738,6 +743,42 @@ pub(crate) mod tests {
         let none = SharedRows::none(&reqs);
         assert_eq!(none.reused_rows(), 0);
         assert_eq!(none.request(1, &reqs[1]).unwrap().cuts, &cuts[1][..]);
+    }
+
+    #[test]
+    fn a_batch_scores_every_request_like_the_oracle_however_packed_and_shared() {
+        let m = tiny_model(Arch::Llama, 23);
+        let prompt = rand_ids(12, 61, 31);
+        let a: Vec<i64> = prompt.iter().chain(&rand_ids(20, 61, 32)).copied().collect();
+        let d = rand_ids(17, 61, 33);
+        // a twice (a GRPO group's identical samples), then a trace of its own.
+        let traces = [a.clone(), a, d];
+        let cuts: [Vec<usize>; 3] = [vec![12, 22, 32], vec![12, 22, 32], vec![9, 17]];
+        let targets = vec![rand_ids(3, 61, 34), rand_ids(7, 61, 35)];
+        let reqs: Vec<CutRequest> = (0..3).map(|r| CutRequest { trace: &traces[r], cuts: &cuts[r], targets: &targets }).collect();
+        let want: Vec<Vec<Vec<f64>>> = (0..3).map(|r| score_cuts_naive(&m, &traces[r], &cuts[r], &targets).unwrap()).collect();
+        for (scorer, pack_tokens, dedupe) in
+            [(CutScorer::KvShared, 1, true), (CutScorer::KvShared, 4096, true), (CutScorer::KvShared, 4096, false), (CutScorer::Naive, 1, true)]
+        {
+            let mut seen = vec![];
+            let (got, cost) = score_cuts_batch(&m, &reqs, scorer, pack_tokens, dedupe, |done| seen.push(done)).unwrap();
+            let case = format!("{scorer:?}, pack_tokens {pack_tokens}, dedupe {dedupe}");
+            for r in 0..3 {
+                for (x, y) in got[r].iter().flatten().zip(want[r].iter().flatten()) {
+                    assert!((x - y).abs() <= 1e-4, "{case}: trace {r}: {x} vs {y}");
+                }
+            }
+            // The second trace's 6 rows are the first's: scored once when deduplicating.
+            assert_eq!(cost.reused_rows, if dedupe { 6 } else { 0 }, "{case}");
+            assert!(cost.sequences > 0 && cost.positions > 0, "{case}");
+            assert_eq!(seen.last(), Some(&3), "{case}: progress ends at every request: {seen:?}");
+            assert!(seen.windows(2).all(|w| w[0] < w[1]), "{case}: {seen:?}");
+        }
+        // A request the model cannot score fails its pack, which names its requests.
+        let bad_cuts = vec![40usize];
+        let bad = [reqs[0], CutRequest { trace: &traces[2], cuts: &bad_cuts, targets: &targets }];
+        let e = score_cuts_batch(&m, &bad, CutScorer::KvShared, 1, true, |_| {}).unwrap_err();
+        assert_eq!((e.first, e.last), (1, 1), "{e}");
     }
 
     #[test]
