@@ -24,7 +24,8 @@ impl Builtin {
     }
 }
 
-/// A builtin known by name and code version only: its code is in the worker, this binary keys it.
+/// What keys a builtin: its name, code version and executable (without its code, which for the
+/// worker's builtins this binary does not have).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BuiltinInfo {
     pub name: &'static str,
@@ -43,7 +44,7 @@ pub struct Catalog {
 impl Catalog {
     /// The code of builtin `name`, when this binary has it.
     pub fn code(&self, name: &str) -> Option<BuiltinFn> {
-        self.builtins.iter().flat_map(|b| b.iter()).find(|b| b.name == name).map(|b| b.run)
+        self.here().find(|b| b.name == name).map(|b| b.run)
     }
 
     /// Builtin `name`'s version and executable, whether or not this binary has its code.
@@ -55,9 +56,13 @@ impl Catalog {
         self.infos().map(|i| i.name).collect::<Vec<_>>().join(", ")
     }
 
+    /// The builtins whose code is in this binary.
+    fn here(&self) -> impl Iterator<Item = &Builtin> + '_ {
+        self.builtins.iter().flat_map(|b| b.iter())
+    }
+
     fn infos(&self) -> impl Iterator<Item = BuiltinInfo> + '_ {
-        let here = self.builtins.iter().flat_map(|b| b.iter()).map(Builtin::info);
-        here.chain(self.worker_builtins.iter().copied())
+        self.here().map(Builtin::info).chain(self.worker_builtins.iter().copied())
     }
 
     /// Names declared twice (in this binary's lists or beside the worker's): each must be one stage.
