@@ -87,8 +87,6 @@ struct Scored {
 
 /// A trace ready to score: its token ids, cut points and targets (y* and/or u*).
 struct Request {
-    prompt_id: String,
-    sample_idx: i32,
     trace: Vec<i64>,
     cuts: Vec<usize>,
     targets: Vec<Vec<i64>>,
@@ -182,8 +180,6 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
     }
     let targets: Vec<Vec<i64>> = y.into_iter().chain(u).collect();
     Ok(Prepared::Score(Request {
-        prompt_id: seg.prompt_id.clone(),
-        sample_idx: seg.sample_idx,
         trace,
         cuts,
         targets,
@@ -194,20 +190,14 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
     }))
 }
 
-/// σ of a scored trace from its values `values[cut][target]`.
-fn finish(q: Request, values: &[Vec<f64>], s: &Settings) -> Scored {
+/// σ of trace `t` from its values `values[cut][target]` (a non-finite σ is an error naming it).
+fn finish(t: &Trace, q: Request, values: &[Vec<f64>], s: &Settings) -> Result<Scored> {
     let column = |j: usize| values.iter().map(|row| row[j]).collect::<Vec<f64>>();
     let r = if q.need_answer { column(0) } else { vec![] };
     let v = if q.need_solution { column(q.targets.len() - 1) } else { vec![] };
     let unnorm = sigma::unnormalized(&r, &v, s.terms);
-    let (sig, fell_back) = sigma::normalize(&unnorm, s.normalize);
-    Scored {
-        row: ScoreRow { prompt_id: q.prompt_id, sample_idx: q.sample_idx, r, v, sigma: sig, method: "rredcot".into() },
-        solution_truncated: q.solution_truncated,
-        trace_truncated: q.trace_truncated,
-        fell_back,
-        missing: false,
-    }
+    let (row, fell_back) = t.score_row(r, v, &unnorm, s.normalize, "rredcot")?;
+    Ok(Scored { row, solution_truncated: q.solution_truncated, trace_truncated: q.trace_truncated, fell_back, missing: false })
 }
 
 pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "2", runs_in: Executable::Worker, run };
@@ -259,12 +249,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     for ((p, v), t) in prepared.into_iter().zip(values).zip(&traces) {
         let scored = match (p, v) {
             (Prepared::Done(d), _) => d,
-            (Prepared::Score(q), Some(v)) => finish(q, &v, &s),
+            (Prepared::Score(q), Some(v)) => finish(t, q, &v, &s)?,
             (Prepared::Score(_), None) => unreachable!("every trace to score was scored"),
         };
-        if let Some(bad) = scored.row.sigma.iter().find(|x| !x.is_finite()) {
-            bail!("{}: σ is {bad} (normalize = none on a non-finite value curve)", t.at);
-        }
         sol_trunc += scored.solution_truncated as i64;
         trace_trunc += scored.trace_truncated as i64;
         fell_back += scored.fell_back as i64;
