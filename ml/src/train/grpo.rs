@@ -99,10 +99,14 @@ pub struct UpdateConfig {
 }
 
 impl UpdateConfig {
+    /// Sequences per minibatch of an update over `batch` sequences (at least 1).
+    fn minibatch_len(&self, batch: usize) -> usize {
+        (if self.minibatch == 0 { batch } else { self.minibatch }).max(1)
+    }
+
     /// Optimizer steps of an update over `batch` sequences.
     pub fn optimizer_steps(&self, batch: usize) -> usize {
-        let mb = if self.minibatch == 0 { batch } else { self.minibatch };
-        self.inner_epochs * batch.div_ceil(mb.max(1))
+        self.inner_epochs * batch.div_ceil(self.minibatch_len(batch))
     }
 }
 
@@ -118,8 +122,7 @@ pub fn update(
     cfg: &UpdateConfig,
     mut progress: impl FnMut(usize, f64, f64),
 ) -> Result<Vec<MetricsRow>> {
-    let mb_size = if cfg.minibatch == 0 { seqs.len() } else { cfg.minibatch };
-    let minibatches: Vec<&[Sequence]> = seqs.chunks(mb_size).collect();
+    let minibatches: Vec<&[Sequence]> = seqs.chunks(cfg.minibatch_len(seqs.len())).collect();
     let steps = cfg.optimizer_steps(seqs.len());
     // dapo's normalizer as in TRL: the batch's completion tokens over its optimizer steps per epoch.
     let dapo_tokens = dapo_tokens_per_step(seqs.iter().map(|s| s.completion_len()).sum(), minibatches.len());
