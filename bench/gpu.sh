@@ -95,12 +95,16 @@ train_step() {
   tail -3 "$TMP/train-$1-$2.err" >&2
   $PY -c "import json,sys; r=json.loads(sys.argv[1]); r['peak_gpu_mem_gb']=max([float(l) for l in open(sys.argv[2]) if l.strip()], default=0)/1024; r['error_tail']=open(sys.argv[3]).read()[-300:] if 'error' in r else None; print(json.dumps(r))" "$out" "$log" "$TMP/train-$1-$2.err"
 }
+# TRAIN_SETTINGS (default all four: f32 / bf16 mixed, without / with checkpointing) picks the
+# settings measured; the others keep their entries in gpu.json.
 has train && {
   echo "{"
-  echo "\"f32\": $(train_step f32 false),"
-  echo "\"f32_checkpointing\": $(train_step f32 true),"
-  echo "\"bf16_mixed\": $(train_step bf16 false),"
-  echo "\"bf16_mixed_checkpointing\": $(train_step bf16 true)"
+  sep=""
+  for setting in ${TRAIN_SETTINGS:-f32:false f32:true bf16:false bf16:true}; do
+    dtype=${setting%:*} ckpt=${setting#*:}
+    name=$([ "$dtype" = bf16 ] && echo bf16_mixed || echo f32)$([ "$ckpt" = true ] && echo _checkpointing)
+    echo "$sep\"$name\": $(train_step "$dtype" "$ckpt")"; sep=","
+  done
   echo "}"
 } >"$TMP/train.json"
 
@@ -153,6 +157,8 @@ if "decode" in parts:
     for k, v in ours.items():
         if not k.startswith("decode_tok_s_"):
             res[k] = v
+    for b in (1, 64, 256):
+        res[f"decode_fusion_speedup_b{b}"] = ours[f"decode_tok_s_b{b}"] / ours[f"decode_unfused_tok_s_b{b}"]
     measured["decode"] = stamp
 if "quickstart" in parts:
     res["quickstart_cpu_s"], res["quickstart_gpu_s"] = cpu_s, gpu_s
@@ -161,7 +167,9 @@ if "quickstart" in parts:
                               + ("both runs pinned to cores 0,1" if pinned else "not pinned: no taskset"))
     measured["quickstart"] = stamp
 if "train" in parts:
-    res["update_step_16x1088"] = train
+    for setting in train.values():
+        setting["measured"] = stamp
+    res.setdefault("update_step_16x1088", {}).update(train)
     res["update_step_note"] = ("one optimizer step (forward, backward, clip, AdamW) of the 1.5B shape on 16 x 1088 "
                                "tokens; step_seconds = [first, second]; peak from nvidia-smi every 100 ms")
     measured["train"] = stamp

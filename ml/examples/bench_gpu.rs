@@ -175,6 +175,15 @@ fn main() -> anyhow::Result<()> {
         eprintln!("ours bf16 sampled b{b}: {rate:.0} tok/s");
         res.insert(format!("decode_tok_s_b{b}"), rate.into());
     }
+    // The same decode with q|k|v and gate|up as separate products (the path before they were
+    // fused, and the CPU's), in the same run.
+    std::env::set_var("RREDCOT_DECODE_FUSION", "0");
+    for b in [1usize, 64, 256] {
+        let rate = decode(&m, b, 1.0)?;
+        eprintln!("ours bf16 sampled, projections not fused, b{b}: {rate:.0} tok/s");
+        res.insert(format!("decode_unfused_tok_s_b{b}"), rate.into());
+    }
+    std::env::remove_var("RREDCOT_DECODE_FUSION");
     for b in [1usize, 256] {
         let rate = decode(&m, b, 0.0)?;
         eprintln!("ours bf16 greedy b{b}: {rate:.0} tok/s");

@@ -10,7 +10,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use super::config::{Arch, ModelConfig};
 use super::error::{ModelError, Result};
-use super::layers::{AttnMask, DecoderLayer, KvCache, RmsNorm, Rotary, INIT_STD};
+use super::layers::{AttnMask, DecoderLayer, FusedProjections, KvCache, RmsNorm, Rotary, INIT_STD};
 
 /// Large negative additive bias for hidden keys (finite, so fully hidden rows never give NaN).
 pub const MASKED: f64 = -1e30;
@@ -155,6 +155,42 @@ impl DecoderLm {
         cache: Option<&mut KvCache>,
     ) -> Tensor {
         self.hidden_from_embeds(self.embed(input_ids), positions, mask, cache)
+    }
+
+    /// Every layer's [`FusedProjections`] (copies of the current weights).
+    pub fn fused_projections(&self) -> Vec<FusedProjections> {
+        tch::no_grad(|| self.layers.iter().map(DecoderLayer::fused_projections).collect())
+    }
+
+    /// What a decode loop passes to [`Self::hidden_decode`]: the fused projections on a GPU,
+    /// where a decode step is paced by kernel launches; `None` on the CPU, whose decode keeps
+    /// the separate products and so its outputs bit for bit (a stacked product may round
+    /// otherwise). `RREDCOT_DECODE_FUSION=0` decodes a GPU with the separate products too (the
+    /// path the CPU takes), to compare (bench/gpu.sh measures both).
+    pub fn decode_projections(&self) -> Option<Vec<FusedProjections>> {
+        let off = std::env::var("RREDCOT_DECODE_FUSION").is_ok_and(|v| v == "0");
+        (self.device().is_cuda() && !off).then(|| self.fused_projections())
+    }
+
+    /// [`Self::hidden`], through `fused` ([`Self::fused_projections`]) where given.
+    pub fn hidden_decode(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mask: &AttnMask,
+        mut cache: Option<&mut KvCache>,
+        fused: Option<&[FusedProjections]>,
+    ) -> Tensor {
+        let Some(fused) = fused else {
+            return self.hidden(input_ids, positions, mask, cache);
+        };
+        let mut x = self.embed(input_ids);
+        let rope = Rotary::with_signed_sin(self.rotary.tables(positions, x.kind()));
+        for (i, (layer, f)) in self.layers.iter().zip(fused).enumerate() {
+            let c = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            x = layer.forward_fused(&x, &rope, mask, c, f);
+        }
+        self.norm.forward(&x)
     }
 
     /// Input embeddings `[B, L, D]` of `input_ids: [B, L]`: what [`Self::hidden_from_embeds`]
@@ -406,6 +442,35 @@ mod tests {
             assert!(scale > 0.0, "{name}: no gradient");
             assert!(d <= 1e-5 * scale.max(1e-3), "{name}: checkpointed gradient differs by {d} (scale {scale})");
         }
+    }
+
+    /// The fused decode path (q|k|v and gate|up stacked, rope by flip) gives the plain path's
+    /// hidden states on every architecture, through a prefill and decode steps over one cache.
+    #[test]
+    fn fused_projections_decode_as_the_separate_ones() {
+        for (arch, seed) in [(Arch::Qwen2, 31), (Arch::Qwen3, 32), (Arch::Llama, 33)] {
+            let m = tiny_model(arch, seed);
+            let fused = m.fused_projections();
+            let ids = Tensor::from_slice(&[3i64, 1, 4, 1, 5, 9, 2, 6, 5, 3]).view([2, 5]);
+            let pos = |from: i64, l: i64| Tensor::arange_start(from, from + l, (Kind::Int64, Device::Cpu)).unsqueeze(0).expand([2, l], false);
+            let (mut plain, mut fast) = (m.new_cache(2, 8), m.new_cache(2, 8));
+            tch::no_grad(|| {
+                let a = m.hidden_decode(&ids.narrow(1, 0, 3), &pos(0, 3), &AttnMask::Causal, Some(&mut plain), None);
+                let b = m.hidden_decode(&ids.narrow(1, 0, 3), &pos(0, 3), &AttnMask::Causal, Some(&mut fast), Some(&fused));
+                let d = (&a - &b).abs().max().double_value(&[]);
+                assert!(d < 1e-5, "{arch:?} prefill: fused differs by {d}");
+                for t in 3..5 {
+                    let step = ids.narrow(1, t, 1);
+                    let a = m.hidden_decode(&step, &pos(t, 1), &AttnMask::Full, Some(&mut plain), None);
+                    let b = m.hidden_decode(&step, &pos(t, 1), &AttnMask::Full, Some(&mut fast), Some(&fused));
+                    let d = (&a - &b).abs().max().double_value(&[]);
+                    assert!(a.abs().max().double_value(&[]) > 0.1);
+                    assert!(d < 1e-5, "{arch:?} step {t}: fused differs by {d}");
+                }
+            });
+        }
+        // The decode loop uses them on a GPU only: the CPU keeps its outputs bit for bit.
+        assert!(tiny_model(Arch::Qwen2, 34).decode_projections().is_none());
     }
 
     #[test]

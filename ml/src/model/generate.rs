@@ -489,6 +489,7 @@ fn generate_static(
     let max_new = p.max_new_tokens;
 
     tch::no_grad(|| -> Result<()> {
+        let fused = model.decode_projections();
         let mut cache = model.new_cache(b, plen + max_new as i64);
         let positions = (key_mask.cumsum(-1, Kind::Int64) - 1).clamp_min(0);
         let prefill_mask = if padded {
@@ -530,7 +531,7 @@ fn generate_static(
                     Some(bias) => AttnMask::Bias(bias.narrow(3, 0, cache.len() + 1)),
                     None => AttnMask::Full,
                 };
-                let h = model.hidden(&tok.unsqueeze(-1), &next_pos, &mask, Some(&mut cache));
+                let h = model.hidden_decode(&tok.unsqueeze(-1), &next_pos, &mask, Some(&mut cache), fused.as_deref());
                 logits = model.logits(&h.squeeze_dim(1));
                 next_pos += 1;
             }
@@ -632,6 +633,7 @@ fn continuous(
     tch::no_grad(|| -> Result<()> {
         // A row that finished between reads writes up to `every` more columns.
         let capacity = (longest + max_new + every) as i64;
+        let fused = model.decode_projections();
         let mut cache = model.new_cache(n_slots as i64, capacity);
         let mut logits = Tensor::zeros([n_slots as i64, model.cfg.vocab_size], (model.kind(), dev));
         for s in 0..n_slots {
@@ -676,11 +678,12 @@ fn continuous(
                     let bias = Tensor::zeros([n_slots as i64, 1, 1, read], (model.kind(), dev))
                         .masked_fill(&hidden, MASKED);
                     cache.write_rows_at(&cols, read);
-                    let h = model.hidden(
+                    let h = model.hidden_decode(
                         &tok.unsqueeze(-1),
                         &cols.unsqueeze(-1),
                         &AttnMask::Bias(bias),
                         Some(&mut cache),
+                        fused.as_deref(),
                     );
                     logits = model.logits(&h.squeeze_dim(1));
                     // A new tensor: the cache's write index still views the old one.

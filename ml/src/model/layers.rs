@@ -78,6 +78,9 @@ pub struct Rotary {
 pub struct RopeTables {
     pub cos: Tensor,
     pub sin: Tensor,
+    /// `sin` with its first half negated, for [`Rotary::apply_flipped`] (the fused decode path
+    /// alone makes it: [`Rotary::with_signed_sin`]).
+    pub sin_signed: Option<Tensor>,
 }
 
 impl Rotary {
@@ -97,7 +100,16 @@ impl Rotary {
         RopeTables {
             cos: emb.cos().to_kind(kind),
             sin: emb.sin().to_kind(kind),
+            sin_signed: None,
         }
+    }
+
+    /// `t` with the signed sine [`Self::apply_flipped`] reads (two launches per forward, not per
+    /// layer).
+    pub fn with_signed_sin(mut t: RopeTables) -> RopeTables {
+        let half = t.sin.size()[3] / 2;
+        t.sin_signed = Some(Tensor::cat(&[&t.sin.narrow(3, 0, half).neg(), &t.sin.narrow(3, half, half)], 3));
+        t
     }
 
     /// Rotates `x: [B, H, L, head_dim]`.
@@ -108,6 +120,37 @@ impl Rotary {
         let rotated = Tensor::cat(&[&x2.neg(), &x1], 3);
         x * &t.cos + rotated * &t.sin
     }
+
+    /// [`Self::apply`] with two launches fewer: the halves swapped by one `flip`, times the sine
+    /// whose first half is negated. `(-x2)·s` and `x2·(-s)` are the same number, so the result is
+    /// bit for bit `apply`'s. Needs tables from [`Self::with_signed_sin`].
+    pub fn apply_flipped(x: &Tensor, t: &RopeTables) -> Tensor {
+        let half = x.size()[3] / 2;
+        let sin = t.sin_signed.as_ref().expect("rope tables made by Rotary::with_signed_sin");
+        let swapped = x.unflatten(3, [2, half]).flip([3]).flatten(3, 4);
+        x * &t.cos + swapped * sin
+    }
+}
+
+impl Linear {
+    /// The projections `parts` (same input) as one: weights stacked by output row, biases
+    /// likewise, so one matrix product gives their outputs side by side.
+    fn stacked(parts: &[&Linear]) -> Linear {
+        let weights: Vec<&Tensor> = parts.iter().map(|p| &p.weight).collect();
+        let biases: Option<Vec<&Tensor>> = parts.iter().map(|p| p.bias.as_ref()).collect();
+        Linear { weight: Tensor::cat(&weights, 0), bias: biases.map(|b| Tensor::cat(&b, 0)) }
+    }
+}
+
+/// Inference copies of one layer's projections that read the same input, side by side: q|k|v
+/// and gate|up. A decode step then runs two matrix products where it ran five; on a GPU a
+/// decode step is paced by kernel launches, not arithmetic. Copies, not the weights themselves:
+/// the named Hugging Face variables stay what loading, saving and training use, and a copy
+/// made for one generation cannot go stale under an optimizer step.
+#[derive(Debug)]
+pub struct FusedProjections {
+    qkv: Linear,
+    gate_up: Linear,
 }
 
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
@@ -130,6 +173,13 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let g = self.gate_proj.forward(x).silu();
         self.down_proj.forward(&(g * self.up_proj.forward(x)))
+    }
+
+    /// [`Self::forward`] with gate and up as one product (`gate_up` = [`Linear::stacked`]).
+    fn forward_fused(&self, x: &Tensor, gate_up: &Linear) -> Tensor {
+        let y = gate_up.forward(x);
+        let i = self.up_proj.weight.size()[0];
+        self.down_proj.forward(&(y.narrow(-1, 0, i).silu() * y.narrow(-1, i, i)))
     }
 }
 
@@ -401,6 +451,23 @@ impl Attention {
         (qk.narrow(1, 0, h), qk.narrow(1, h, kv), v)
     }
 
+    /// [`Self::qkv`] from one product with `qkv` (= [`Linear::stacked`] q|k|v): the query and key
+    /// heads are already side by side in its output, so they rotate together without a `cat`
+    /// (Qwen3 normalises each head first and concatenates), by [`Rotary::apply_flipped`].
+    fn qkv_fused(&self, x: &Tensor, rope: &RopeTables, qkv: &Linear) -> (Tensor, Tensor, Tensor) {
+        let (b, l) = (x.size()[0], x.size()[1]);
+        let (h, kv, d) = (self.o.n_heads, self.o.n_kv_heads, self.o.head_dim);
+        let y = qkv.forward(x);
+        let part = |from: i64, n: i64| y.narrow(-1, from * d, n * d).view([b, l, n, d]);
+        let v = part(h + kv, kv).transpose(1, 2);
+        let qk = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => Tensor::cat(&[qn.forward(&part(0, h)), kn.forward(&part(h, kv))], 2),
+            _ => part(0, h + kv),
+        };
+        let qk = Rotary::apply_flipped(&qk.transpose(1, 2), rope);
+        (qk.narrow(1, 0, h), qk.narrow(1, h, kv), v)
+    }
+
     /// Repeats key/value heads to match the query heads (grouped-query attention).
     fn repeat_kv(&self, t: &Tensor) -> Tensor {
         let groups = self.o.n_heads / self.o.n_kv_heads;
@@ -427,6 +494,11 @@ impl Attention {
         cache: Option<&mut LayerKv>,
     ) -> Tensor {
         let (q, k, v) = self.qkv(x, rope);
+        self.attend(q, k, v, mask, cache)
+    }
+
+    /// Attention of rotated `q` over `k`, `v` (appended to `cache` first), projected out.
+    fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: &AttnMask, cache: Option<&mut LayerKv>) -> Tensor {
         let (k, v) = match cache {
             Some(c) => c.append(&k, &v),
             None => (k, v),
@@ -445,6 +517,10 @@ impl Attention {
                         && !matches!(mask, AttnMask::Bias(_))
                 }
             };
+        let groups = self.o.n_heads / self.o.n_kv_heads;
+        if !native_gqa && !q.requires_grad() && q.size()[2] == 1 && groups > 1 && !matches!(mask, AttnMask::Causal) {
+            return self.out(&attend_grouped(&q, &k, &v, mask, groups));
+        }
         let (k, v) = if native_gqa {
             (k, v)
         } else {
@@ -510,6 +586,22 @@ impl Attention {
     }
 }
 
+/// Attention of one new token per row, `q: [B, H, 1, hd]`, over `k, v: [B, KV, S, hd]` without
+/// copying them per query head: the `groups = H / KV` query heads of each key/value head become
+/// `groups` queries of it (`[B, KV, groups, hd]`), the bias (`[B, 1, 1, S]`) shared by them. The
+/// same dot products and softmax per query head as repeating the key/value heads. For inference
+/// where the kernel cannot read grouped heads itself (a GPU in f32, or with a bias): a decode
+/// step there copied the whole cache `groups` times per layer.
+fn attend_grouped(q: &Tensor, k: &Tensor, v: &Tensor, mask: &AttnMask, groups: i64) -> Tensor {
+    let (b, h, d) = (q.size()[0], q.size()[1], q.size()[3]);
+    let qg = q.reshape([b, h / groups, groups, d]);
+    let bias = match mask {
+        AttnMask::Bias(m) => Some(m.expand([b, 1, groups, m.size()[3]], false)),
+        _ => None,
+    };
+    Tensor::scaled_dot_product_attention(&qg, k, v, bias.as_ref(), 0., false, None, false).reshape([b, h, 1, d])
+}
+
 /// One pre-norm transformer block.
 #[derive(Debug)]
 pub struct DecoderLayer {
@@ -547,6 +639,32 @@ impl DecoderLayer {
             .self_attn
             .forward(&self.input_layernorm.forward(x), rope, mask, cache);
         &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h))
+    }
+
+    /// This layer's [`FusedProjections`] (copies of its current weights).
+    pub fn fused_projections(&self) -> FusedProjections {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        FusedProjections {
+            qkv: Linear::stacked(&[&a.q_proj, &a.k_proj, &a.v_proj]),
+            gate_up: Linear::stacked(&[&m.gate_proj, &m.up_proj]),
+        }
+    }
+
+    /// [`Self::forward`] through `fused` (this layer's [`Self::fused_projections`]); `rope` made
+    /// by [`Rotary::with_signed_sin`]. The same function of the weights; on a GPU the products
+    /// may round differently from three separate ones.
+    pub fn forward_fused(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        mask: &AttnMask,
+        cache: Option<&mut LayerKv>,
+        fused: &FusedProjections,
+    ) -> Tensor {
+        let a = &self.self_attn;
+        let (q, k, v) = a.qkv_fused(&self.input_layernorm.forward(x), rope, &fused.qkv);
+        let h = x + a.attend(q, k, v, mask, cache);
+        &h + self.mlp.forward_fused(&self.post_attention_layernorm.forward(&h), &fused.gate_up)
     }
 
     pub fn forward_shared_prefix(
@@ -605,6 +723,43 @@ mod tests {
         let d1 = (at(&q, 3) * at(&k, 1)).sum(Kind::Float).double_value(&[]);
         let d2 = (at(&q, 12) * at(&k, 10)).sum(Kind::Float).double_value(&[]);
         assert!((d1 - d2).abs() < 1e-4, "{d1} vs {d2}");
+    }
+
+    /// The flip-based rotation is the same arithmetic as the cat-based one, so bit for bit.
+    #[test]
+    fn flipped_rotation_is_the_rotation_bit_for_bit() {
+        let rot = Rotary::new(16, 10000.0, tch::Device::Cpu);
+        let pos = Tensor::from_slice(&[0i64, 5, 17, 4000]).view([2, 2]);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let t = Rotary::with_signed_sin(rot.tables(&pos, kind));
+            // Non-contiguous, as the attention's [B, L, H, hd] -> [B, H, L, hd] transpose.
+            let x = Tensor::randn([2, 2, 3, 16], (Kind::Float, tch::Device::Cpu)).to_kind(kind).transpose(1, 2);
+            let (a, b) = (Rotary::apply(&x, &t), Rotary::apply_flipped(&x, &t));
+            assert_eq!(a.size(), b.size());
+            assert!(a.equal(&b), "{kind:?}: flipped rotation differs");
+        }
+    }
+
+    /// Grouped queries attend as repeated key/value heads do, with and without a bias.
+    #[test]
+    fn grouped_queries_attend_as_repeated_heads() {
+        let dev = tch::Device::Cpu;
+        let (b, kv, groups, s, d) = (3, 2, 3, 7, 8);
+        let q = Tensor::randn([b, kv * groups, 1, d], (Kind::Float, dev));
+        let k = Tensor::randn([b, kv, s, d], (Kind::Float, dev));
+        let v = Tensor::randn([b, kv, s, d], (Kind::Float, dev));
+        let repeat = |t: &Tensor| t.unsqueeze(2).expand([b, kv, groups, s, d], false).reshape([b, kv * groups, s, d]);
+        let hide = Tensor::from_slice(&[0i64, 2, 5]).view([b, 1, 1, 1]);
+        let bias = Tensor::zeros([b, 1, 1, s], (Kind::Float, dev))
+            .masked_fill(&Tensor::arange(s, (Kind::Int64, dev)).view([1, 1, 1, s]).lt_tensor(&hide), -1e30);
+        for mask in [AttnMask::Full, AttnMask::Bias(bias)] {
+            let m = match &mask { AttnMask::Bias(m) => Some(m), _ => None };
+            let want = Tensor::scaled_dot_product_attention(&q, &repeat(&k), &repeat(&v), m, 0., false, None, false);
+            let got = attend_grouped(&q, &k, &v, &mask, groups);
+            assert_eq!(got.size(), want.size());
+            let diff = (&got - &want).abs().max().double_value(&[]);
+            assert!(diff < 1e-6, "{mask:?}: grouped attention differs by {diff}");
+        }
     }
 
     #[test]
