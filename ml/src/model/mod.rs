@@ -56,11 +56,12 @@ impl DeviceChoice {
     }
 }
 
-/// Parameter dtype for inference. `Auto` = float32 on every device: measured on an H200 with the
-/// 1.5B Qwen2 shape (bench/results/gpu.json), bf16 decoding was slower than f32 at batch 1 and 64
-/// (22 vs 85 and 1404 vs 3394 tok/s, sampled) and faster only at batch 256 (5869 vs 4799), and
-/// bf16 scoring moved log-probabilities by up to 0.48 nats; `Bf16` is there for large-batch
-/// rollouts that can take that. (Training has its own `dtype`: [`crate::train::step`].)
+/// Parameter dtype for inference. `Auto` = float32 on every device, the exact choice: bf16
+/// scoring moved log-probabilities by up to 0.48 nats (the 1.5B Qwen2 shape on an H200,
+/// bench/results/gpu.json), and bf16 rollouts on CUDA did not equal the CPU's. bf16 is no faster
+/// at batch 1 and faster at large batches (H100, warm, sampled: 123 vs 127 tok/s at b1, 7658 vs
+/// 5079 at b64, 19404 vs 7807 at b256), so `Bf16` is there for large-batch rollouts that can take
+/// the rounding. (Training has its own `dtype`: [`crate::train::step`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DtypeChoice {
