@@ -10,6 +10,8 @@
 # One update step of the same shape per training precision, with its peak GPU memory; one
 # RREDCoT step at Table 2 scale through the pipeline (bench/table2_step.sh).
 #
+# REPEATS (default 3): timed decodes per figure on each side after the warm-up; the median is the
+# figure, every run kept (`*_runs`).
 # GPU_PARTS (default "decode train quickstart table2") picks the parts to run; the keys of the
 # parts not run are kept from the existing bench/results/gpu.json (each part's entry in
 # `measured` says which run wrote it). TABLE2_PROMPTS (default 64) sizes the Table 2 step;
@@ -152,11 +154,10 @@ if "decode" in parts:
     for b in (1, 64, 256):
         res[f"decode_tok_s_b{b}"] = ours[f"decode_tok_s_b{b}"]
         res[f"transformers_decode_tok_s_b{b}"] = theirs[f"transformers_decode_tok_s_b{b}"]
+        res[f"transformers_decode_tok_s_b{b}_runs"] = theirs.get(f"transformers_decode_tok_s_b{b}_runs")
     for b in (1, 256):
         res[f"decode_speedup_vs_transformers_b{b}"] = ours[f"decode_tok_s_b{b}"] / theirs[f"transformers_decode_tok_s_b{b}"]
-    for k, v in ours.items():
-        if not k.startswith("decode_tok_s_"):
-            res[k] = v
+    res.update(ours)
     for b in (1, 64, 256):
         res[f"decode_fusion_speedup_b{b}"] = ours[f"decode_tok_s_b{b}"] / ours[f"decode_unfused_tok_s_b{b}"]
     measured["decode"] = stamp

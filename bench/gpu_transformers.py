@@ -1,9 +1,12 @@
 """Baseline half of bench/gpu.sh: transformers `generate` (sdpa, bfloat16, CUDA) on the checkpoint
-bench_gpu saved, the same 64-token prompt, 128 new tokens sampled at T = 1, batch 1, 64 and 256.
+bench_gpu saved, the same 64-token prompt, 128 new tokens sampled at T = 1, batch 1, 64 and 256; REPEATS timed decodes each, the median
+reported.
 
 usage: gpu_transformers.py MODEL_DIR PROMPT_IDS_JSON OUT_JSON
 """
 import json
+import os
+import statistics
 import sys
 import time
 
@@ -22,10 +25,16 @@ with torch.no_grad():
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
         # Warm-up: the same decode in full (a first decode at a batch size runs slower).
         model.generate(ids, max_new_tokens=128, min_new_tokens=128, **kw)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        g = model.generate(ids, max_new_tokens=128, min_new_tokens=128, **kw)
-        torch.cuda.synchronize()
-        res[f"transformers_decode_tok_s_b{b}"] = (g.shape[1] - len(prompt)) * b / (time.perf_counter() - t)
+        # REPEATS timed decodes (default 3): the median is the figure, every run is kept (one
+        # timed decode per figure left a 20-30% spread at b256 unexplained).
+        runs = []
+        for _ in range(int(os.environ.get("REPEATS", "3"))):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            g = model.generate(ids, max_new_tokens=128, min_new_tokens=128, **kw)
+            torch.cuda.synchronize()
+            runs.append((g.shape[1] - len(prompt)) * b / (time.perf_counter() - t))
+        res[f"transformers_decode_tok_s_b{b}"] = statistics.median(runs)
+        res[f"transformers_decode_tok_s_b{b}_runs"] = runs
 json.dump(res, open(out, "w"))
 print(json.dumps(res))

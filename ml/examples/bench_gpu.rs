@@ -128,8 +128,11 @@ fn main() -> anyhow::Result<()> {
         "score_logprob_bf16_vs_f32_max_abs".into(),
         logprob_diff.into(),
     );
-    // Tokens/s of one decode of `b` copies of the prompt, after a warm-up.
-    let decode = |m: &DecoderLm, b: usize, temperature: f64| -> anyhow::Result<f64> {
+    // Tokens/s of decodes of `b` copies of the prompt after a warm-up: REPEATS timed runs
+    // (default 3), the median and every run (one timed run per figure left a 20-30% spread at
+    // b256 unexplained).
+    let repeats: usize = std::env::var("REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
+    let decode = |m: &DecoderLm, b: usize, temperature: f64| -> anyhow::Result<(f64, Vec<f64>)> {
         let prompts = vec![prompt.clone(); b];
         let seeds: Vec<u64> = (0..b as u64).collect();
         let p = SamplingParams {
@@ -140,12 +143,25 @@ fn main() -> anyhow::Result<()> {
         // Warm-up: the same decode in full. A first decode at a batch size ran up to 6x slower
         // than the next (kernels loaded and caches grown as the context lengthens).
         tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &p))?;
-        tch::Cuda::synchronize(0);
-        let t = Instant::now();
-        let g = tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &p))?;
-        tch::Cuda::synchronize(0);
-        let n: usize = g.iter().map(|x| x.tokens.len()).sum();
-        Ok(n as f64 / t.elapsed().as_secs_f64())
+        let mut runs = Vec::with_capacity(repeats);
+        for _ in 0..repeats {
+            tch::Cuda::synchronize(0);
+            let t = Instant::now();
+            let g = tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &p))?;
+            tch::Cuda::synchronize(0);
+            let n: usize = g.iter().map(|x| x.tokens.len()).sum();
+            runs.push(n as f64 / t.elapsed().as_secs_f64());
+        }
+        let mut sorted = runs.clone();
+        sorted.sort_by(f64::total_cmp);
+        let mid = sorted.len() / 2;
+        let median = if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 };
+        Ok((median, runs))
+    };
+    let record = |res: &mut serde_json::Map<String, serde_json::Value>, key: String, (median, runs): (f64, Vec<f64>)| {
+        res.insert(format!("{key}_runs"), runs.into());
+        res.insert(key, median.into());
+        median
     };
     // The sampler alone on [B, V] float32 probabilities: the one-level inverse cdf (PyTorch's
     // scan over a whole row) against the two-level one CUDA decoding uses.
@@ -171,29 +187,29 @@ fn main() -> anyhow::Result<()> {
     // bf16 sampled at T = 1 is the headline (transformers' side of the table); greedy bf16 and
     // f32 sampled are what `device = auto`'s dtype choice rests on.
     for b in [1usize, 64, 256] {
-        let rate = decode(&m, b, 1.0)?;
+        let rate = record(&mut res, format!("decode_tok_s_b{b}"), decode(&m, b, 1.0)?);
         eprintln!("ours bf16 sampled b{b}: {rate:.0} tok/s");
-        res.insert(format!("decode_tok_s_b{b}"), rate.into());
+        
     }
     // The same decode with q|k|v and gate|up as separate products (the path before they were
     // fused, and the CPU's), in the same run.
     std::env::set_var("RREDCOT_DECODE_FUSION", "0");
     for b in [1usize, 64, 256] {
-        let rate = decode(&m, b, 1.0)?;
+        let rate = record(&mut res, format!("decode_unfused_tok_s_b{b}"), decode(&m, b, 1.0)?);
         eprintln!("ours bf16 sampled, projections not fused, b{b}: {rate:.0} tok/s");
-        res.insert(format!("decode_unfused_tok_s_b{b}"), rate.into());
+        
     }
     std::env::remove_var("RREDCOT_DECODE_FUSION");
     for b in [1usize, 256] {
-        let rate = decode(&m, b, 0.0)?;
+        let rate = record(&mut res, format!("decode_greedy_tok_s_b{b}"), decode(&m, b, 0.0)?);
         eprintln!("ours bf16 greedy b{b}: {rate:.0} tok/s");
-        res.insert(format!("decode_greedy_tok_s_b{b}"), rate.into());
+        
     }
     m.set_kind(Kind::Float);
     for b in [1usize, 64, 256] {
-        let rate = decode(&m, b, 1.0)?;
+        let rate = record(&mut res, format!("decode_f32_tok_s_b{b}"), decode(&m, b, 1.0)?);
         eprintln!("ours f32 sampled b{b}: {rate:.0} tok/s");
-        res.insert(format!("decode_f32_tok_s_b{b}"), rate.into());
+        
     }
     std::fs::write(out.join("ours.json"), serde_json::to_string_pretty(&res)?)?;
     std::fs::write(out.join("prompt.json"), serde_json::to_string(&prompt)?)?;
