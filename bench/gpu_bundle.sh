@@ -10,6 +10,21 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
 shared=$(cd "$root/../shared/gpu" && pwd)
+# CUDA graphs for the decode loop (ml/build.rs): the shim compiles against the CUDA runtime
+# headers of the project venv's NVIDIA wheels plus `crt/`, which PyPI nvidia-cuda-crt ships
+# (CUDA 13.0, the host's). RREDCOT_CUDA_GRAPHS=0 builds without them.
+export RREDCOT_CUDA_GRAPHS=${RREDCOT_CUDA_GRAPHS:-1}
+if [ "$RREDCOT_CUDA_GRAPHS" = 1 ]; then
+  crt=${GPU_CACHE:-$HOME/.cache/rredcot-gpu}/cuda-crt-13.0.88
+  if [ ! -f "$crt/nvidia/cu13/include/crt/host_config.h" ]; then
+    mkdir -p "$crt"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+      --platform manylinux2014_x86_64 nvidia-cuda-crt==13.0.88 -d "$crt"
+    unzip -q -o "$crt"/nvidia_cuda_crt-*.whl 'nvidia/*' -d "$crt"
+  fi
+  runtime=$(.venv/bin/python -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__))+"/nvidia/cu13/include")')
+  export CUDA_INCLUDE="$runtime:$crt/nvidia/cu13/include"
+fi
 bash "$shared/build-bundle.sh" "${@:-gpu}"
 
 # The same toolchain settings as build-bundle.sh, for the example.

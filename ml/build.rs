@@ -21,10 +21,59 @@ fn torch_lib_dir() -> Option<PathBuf> {
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// Include directories of the CUDA runtime headers libtorch's CUDA headers include:
+/// `CUDA_INCLUDE` (`:`-separated; the wheels' `cuda_runtime.h` also needs `crt/`, which PyPI
+/// `nvidia-cuda-crt` ships), else those of the NVIDIA wheels beside the python's torch.
+fn cuda_include() -> Option<Vec<PathBuf>> {
+    if let Ok(d) = std::env::var("CUDA_INCLUDE") {
+        return Some(std::env::split_paths(&d).collect());
+    }
+    let python = std::env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python".into());
+    let out = Command::new(python)
+        .args(["-c", "import torch,os,glob;r=os.path.dirname(os.path.dirname(torch.__file__));print(([d for d in glob.glob(r+'/nvidia/*/include') if os.path.exists(d+'/cuda_runtime_api.h')]+[''])[0])"])
+        .output()
+        .ok()?;
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (!dir.is_empty()).then(|| vec![PathBuf::from(dir)])
+}
+
+/// `RREDCOT_CUDA_GRAPHS=1`: compiles ml/csrc/cuda_graph.cpp (CUDA graphs for the decode loop,
+/// src/model/cuda_graph.rs) against libtorch's CUDA headers and sets `cfg(rredcot_cuda_graphs)`.
+/// Off by default: it needs a CUDA build of libtorch and the CUDA runtime headers, and only a
+/// GPU host uses it (bench/gpu_bundle.sh turns it on).
+fn cuda_graphs(lib: &std::path::Path) {
+    println!("cargo:rerun-if-env-changed=RREDCOT_CUDA_GRAPHS");
+    println!("cargo:rerun-if-env-changed=CUDA_INCLUDE");
+    println!("cargo:rerun-if-changed=csrc/cuda_graph.cpp");
+    if std::env::var("RREDCOT_CUDA_GRAPHS").as_deref() != Ok("1") {
+        return;
+    }
+    let include = lib.parent().expect("libtorch root").join("include");
+    let cuda = cuda_include().expect("RREDCOT_CUDA_GRAPHS=1 needs the CUDA runtime headers: set CUDA_INCLUDE");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/cuda_graph.cpp")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .includes(cuda)
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .warnings(false)
+        .compile("rredcot_cuda_graph");
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=torch_cuda");
+    println!("cargo:rustc-link-lib=dylib=c10_cuda");
+    println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-cfg=rredcot_cuda_graphs");
+}
+
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=PATH");
+    println!("cargo::rustc-check-cfg=cfg(rredcot_cuda_graphs)");
     if let Some(lib) = torch_lib_dir() {
+        cuda_graphs(&lib);
         let worker = "rredcot-worker";
         // Every linked target of this package (worker, unit and integration tests, examples).
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());

@@ -200,6 +200,17 @@ fn main() -> anyhow::Result<()> {
         
     }
     std::env::remove_var("RREDCOT_DECODE_FUSION");
+    // The same decode with its steps run one op at a time instead of replayed as a CUDA graph
+    // (where this build has them: bench/gpu_bundle.sh), in the same run.
+    res.insert("decode_cuda_graphs".into(), model::cuda_graph::AVAILABLE.into());
+    if model::cuda_graph::AVAILABLE {
+        std::env::set_var("RREDCOT_DECODE_GRAPHS", "0");
+        for b in [1usize, 64, 256] {
+            let rate = record(&mut res, format!("decode_eager_tok_s_b{b}"), decode(&m, b, 1.0)?);
+            eprintln!("ours bf16 sampled, steps not replayed as a CUDA graph, b{b}: {rate:.0} tok/s");
+        }
+        std::env::remove_var("RREDCOT_DECODE_GRAPHS");
+    }
     for b in [1usize, 256] {
         let rate = record(&mut res, format!("decode_greedy_tok_s_b{b}"), decode(&m, b, 0.0)?);
         eprintln!("ours bf16 greedy b{b}: {rate:.0} tok/s");

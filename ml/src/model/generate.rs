@@ -28,6 +28,7 @@ use tch::{Device, Kind, Tensor};
 use super::decoder::{DecoderLm, MASKED};
 use super::error::{ModelError, Result};
 use super::layers::{AttnMask, KvCache};
+use super::static_decode::StaticStep;
 use super::tokenizer::Tokenizer;
 
 /// Sampling parameters shared by all rows of a request.
@@ -415,7 +416,7 @@ fn uniforms(rngs: &mut [Option<&mut ChaCha8Rng>], steps: usize, dev: Device) -> 
 }
 
 /// One step's `[B, 4]` (token, logprob, entropy, finite) as float64, and the tokens `[B]`.
-fn sample_record(logits: &Tensor, p: &SamplingParams, u: &Tensor) -> (Tensor, Tensor) {
+pub(super) fn sample_record(logits: &Tensor, p: &SamplingParams, u: &Tensor) -> (Tensor, Tensor) {
     let (tok, lp, ent, finite) = sample_step(&logits.to_kind(Kind::Float), p, u);
     let rec = Tensor::stack(
         &[
@@ -436,6 +437,44 @@ fn read_back(records: &[Tensor]) -> Result<Vec<f64>> {
         .map_err(|e| ModelError::Request(format!("reading sampled tokens: {e}")))
 }
 
+/// Feeds a chunk of `[B, 4]` records (read back in one synchronisation) to the rows not yet
+/// finished; true when every row is.
+fn absorb(records: &[Tensor], rows: &mut Completions, done: &mut [bool]) -> Result<bool> {
+    let host = read_back(records)?;
+    let n_rows = done.len();
+    for j in 0..records.len() {
+        for (row, finished) in done.iter_mut().enumerate() {
+            if !*finished {
+                let at = (j * n_rows + row) * 4;
+                *finished = rows.push(row, &host[at..at + 4])?;
+            }
+        }
+    }
+    Ok(done.iter().all(|&d| d))
+}
+
+/// How a static batch runs its decode steps after the prefill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Steps {
+    /// Each step as its own ops, reading the cache as far as it is filled (the CPU's path).
+    Eager,
+    /// [`super::static_decode::StaticStep`]s, captured as a CUDA graph after a warm-up where
+    /// this build can (`graph`), else run as they are.
+    Static { graph: bool },
+}
+
+/// The decode steps of a static batch on `dev`: a CUDA graph where this build has the capture
+/// (`RREDCOT_CUDA_GRAPHS` at build time, see ml/build.rs) unless `RREDCOT_DECODE_GRAPHS=0`;
+/// otherwise the eager steps.
+fn steps_on(dev: Device) -> Steps {
+    let off = std::env::var("RREDCOT_DECODE_GRAPHS").is_ok_and(|v| v == "0");
+    if dev.is_cuda() && super::cuda_graph::AVAILABLE && !off {
+        Steps::Static { graph: true }
+    } else {
+        Steps::Eager
+    }
+}
+
 /// Generates completions for `prompts` (token ids), one seed per row, as one static batch.
 pub fn generate(
     model: &DecoderLm,
@@ -451,6 +490,7 @@ pub fn generate(
         seeds,
         p,
         sync_every(model.device()),
+        steps_on(model.device()),
     )
 }
 
@@ -462,6 +502,7 @@ fn generate_static(
     seeds: &[u64],
     p: &SamplingParams,
     every: usize,
+    steps: Steps,
 ) -> Result<Vec<Generation>> {
     if let Some(empty) = check_request(model, tokenizer, prompts, seeds, p)? {
         return Ok(empty);
@@ -515,18 +556,18 @@ fn generate_static(
             let fresh = Tensor::zeros([b, 1, 1, max_new as i64], (model.kind(), dev));
             Tensor::cat(&[&pad_bias, &fresh], -1)
         });
-        let mut step = 0;
-        while step < max_new {
-            let n = every.min(max_new - step);
-            let mut streams: Vec<Option<&mut ChaCha8Rng>> = rngs.iter_mut().map(Some).collect();
-            let u = uniforms(&mut streams, n, dev);
-            let mut records = Vec::with_capacity(n);
-            for j in 0..n {
-                let (rec, tok) = sample_record(&logits, p, &u.get(j as i64));
-                records.push(rec);
-                if step + j + 1 == max_new {
-                    break;
-                }
+        if let Steps::Static { graph } = steps {
+            let mut step = StaticStep::new(model, fused, p, cache, logits, &next_pos, plen, bias);
+            let mut runner = super::cuda_graph::Runner::new(graph)?;
+            decode_chunks(&mut rngs, &mut rows, &mut done, max_new, every, dev, |u, _| {
+                step.set_uniforms(u);
+                runner.step(|| step.run())
+            })?;
+            return runner.finish();
+        }
+        decode_chunks(&mut rngs, &mut rows, &mut done, max_new, every, dev, |u, last| {
+            let (rec, tok) = sample_record(&logits, p, u);
+            if !last {
                 let mask = match &bias {
                     Some(bias) => AttnMask::Bias(bias.narrow(3, 0, cache.len() + 1)),
                     None => AttnMask::Full,
@@ -535,25 +576,46 @@ fn generate_static(
                 logits = model.logits(&h.squeeze_dim(1));
                 next_pos += 1;
             }
-            let host = read_back(&records)?;
-            for j in 0..records.len() {
-                for (row, finished) in done.iter_mut().enumerate() {
-                    if !*finished {
-                        let at = (j * prompts.len() + row) * 4;
-                        *finished = rows.push(row, &host[at..at + 4])?;
-                    }
-                }
-            }
-            step += n;
-            if done.iter().all(|&d| d) {
-                break;
-            }
-        }
-        Ok(())
+            Ok(rec)
+        })
     })?;
     rows.finish()
 }
 
+/// A static batch's decode loop around `step` (this step's uniforms `[B]`, whether it is the
+/// last; returns its `[B, 4]` record): uniforms drawn `every` steps at once, the records read
+/// back then ([`absorb`]), until every row is finished or `max_new` steps ran.
+///
+/// The fixed-shape steps ([`StaticStep`]) go through a [`super::cuda_graph::Runner`]: with a
+/// graph, the first [`super::cuda_graph::GRAPH_WARMUP`] steps run as they are (on the capture
+/// stream, so libraries set up their state outside the capture), the next is captured, and every
+/// later step is one replay.
+#[allow(clippy::too_many_arguments)]
+fn decode_chunks(
+    rngs: &mut [ChaCha8Rng],
+    rows: &mut Completions,
+    done: &mut [bool],
+    max_new: usize,
+    every: usize,
+    dev: Device,
+    mut step: impl FnMut(&Tensor, bool) -> Result<Tensor>,
+) -> Result<()> {
+    let mut taken = 0;
+    while taken < max_new {
+        let n = every.min(max_new - taken);
+        let mut streams: Vec<Option<&mut ChaCha8Rng>> = rngs.iter_mut().map(Some).collect();
+        let u = uniforms(&mut streams, n, dev);
+        let mut records = Vec::with_capacity(n);
+        for j in 0..n {
+            records.push(step(&u.get(j as i64), taken + j + 1 == max_new)?);
+        }
+        taken += n;
+        if absorb(&records, rows, done)? {
+            break;
+        }
+    }
+    Ok(())
+}
 /// Prefills `prompt` alone into slot `s` of `cache` (from column 0) and puts its next-token
 /// logits in row `s` of `logits`; returns the slot's next column (the prompt length).
 fn prefill_slot(
@@ -937,6 +999,10 @@ mod tests {
         }
     }
 
+    /// Eager steps (the CPU's) give the loop before issue 17's completions bit for bit; the
+    /// fixed-shape steps a CUDA graph captures (run as they are here) the same tokens and finish
+    /// reasons, log-probabilities and entropies within 1e-5 (their attention reads the whole
+    /// cache, the columns not yet written hidden, which rounds otherwise).
     #[test]
     fn static_batch_equals_the_loop_before_issue_17_for_any_read_interval() {
         for (arch, seed) in [(Arch::Qwen2, 31), (Arch::Qwen3, 32), (Arch::Llama, 33)] {
@@ -950,11 +1016,16 @@ mod tests {
                     .iter()
                     .any(|g| g.finish_reason == FinishReason::Length));
                 for every in [1, 3, 16] {
-                    let now = generate_static(&m, None, &prompts, &seeds, &p, every).unwrap();
-                    assert_eq!(
-                        now, before,
-                        "{arch:?} temperature {t}, reads every {every} steps"
-                    );
+                    let now = generate_static(&m, None, &prompts, &seeds, &p, every, Steps::Eager).unwrap();
+                    assert_eq!(now, before, "{arch:?} temperature {t}, reads every {every} steps");
+                    let fixed = generate_static(&m, None, &prompts, &seeds, &p, every, Steps::Static { graph: false }).unwrap();
+                    for (row, (a, b)) in fixed.iter().zip(&before).enumerate() {
+                        let at = format!("{arch:?} temperature {t}, reads every {every}, fixed-shape steps, row {row}");
+                        assert_eq!((&a.tokens, a.finish_reason), (&b.tokens, b.finish_reason), "{at}");
+                        for (x, y) in a.logprobs.iter().zip(&b.logprobs).chain(a.entropies.iter().zip(&b.entropies)) {
+                            assert!((x - y).abs() < 1e-5, "{at}: {x} vs {y}");
+                        }
+                    }
                 }
             }
         }

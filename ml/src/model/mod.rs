@@ -8,6 +8,7 @@
 //! [`score::score_cuts`] and use [`decoder::DecoderLm::forward`] with gradients for training.
 
 pub mod config;
+pub mod cuda_graph;
 pub mod decoder;
 pub mod error;
 pub mod generate;
@@ -17,6 +18,7 @@ pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 pub mod score;
+mod static_decode;
 pub mod tokenizer;
 pub mod weights;
 

@@ -1,0 +1,100 @@
+// The CUDA-graph calls ml/src/model/cuda_graph.rs needs, which tch does not bind:
+// `at::cuda::CUDAGraph` captured and replayed on a side stream, as `torch.cuda.graph` does.
+// Every function returns 0 on success (or a handle); on failure the message is kept for
+// rr_graph_last_error (per thread) and the caller's stream is current again.
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <exception>
+#include <optional>
+#include <string>
+
+namespace {
+thread_local std::string last_error;
+
+struct Graph {
+  at::cuda::CUDAGraph graph;
+  c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream();
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  bool on_side = false;
+};
+
+// Everything queued so far has run (on every stream): how one stream's work comes before the
+// other's when switching. Once per generation; an event would do with less waiting, but its calls
+// are inline CUDA runtime ones and this shim links libtorch's libraries alone.
+void settle() { c10::cuda::device_synchronize(); }
+
+void back_to_caller(Graph* g) {
+  if (g->on_side) {
+    settle();
+    c10::cuda::setCurrentCUDAStream(g->caller);
+    g->on_side = false;
+  }
+}
+
+template <typename F>
+int guarded(Graph* g, F f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown C++ exception";
+  }
+  try {
+    if (g) back_to_caller(g);
+  } catch (...) {
+  }
+  return 1;
+}
+}  // namespace
+
+extern "C" {
+const char* rr_graph_last_error() { return last_error.c_str(); }
+
+void* rr_graph_new() {
+  Graph* g = nullptr;
+  guarded(nullptr, [&] { g = new Graph(); });
+  return g;
+}
+
+int rr_graph_enter(void* p) {
+  auto* g = static_cast<Graph*>(p);
+  return guarded(g, [&] {
+    settle();
+    c10::cuda::setCurrentCUDAStream(g->side);
+    g->on_side = true;
+  });
+}
+
+int rr_graph_capture_begin(void* p) {
+  auto* g = static_cast<Graph*>(p);
+  return guarded(g, [&] { g->graph.capture_begin(); });
+}
+
+int rr_graph_capture_end(void* p) {
+  auto* g = static_cast<Graph*>(p);
+  return guarded(g, [&] { g->graph.capture_end(); });
+}
+
+int rr_graph_replay(void* p) {
+  auto* g = static_cast<Graph*>(p);
+  return guarded(g, [&] { g->graph.replay(); });
+}
+
+int rr_graph_exit(void* p) {
+  auto* g = static_cast<Graph*>(p);
+  return guarded(g, [&] { back_to_caller(g); });
+}
+
+void rr_graph_free(void* p) {
+  auto* g = static_cast<Graph*>(p);
+  try {
+    back_to_caller(g);
+  } catch (...) {
+  }
+  delete g;
+}
+}

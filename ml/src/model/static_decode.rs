@@ -1,0 +1,85 @@
+//! The static batch's decode step with fixed shapes and every per-step value on the device: the
+//! next token's position and cache column advance in place, the attention reads the whole cache
+//! with the columns not yet written hidden by a bias made on the device, and the uniforms are
+//! copied into a fixed tensor before each step. Such a step can be captured once as a CUDA graph
+//! and replayed ([`super::cuda_graph`]): one launch per step instead of one per kernel (about 550
+//! for a 28-layer model), which is what paces a decode step on a GPU (bench/results/gpu.json).
+//!
+//! Run eagerly it gives the tokens of [`super::generate::generate`]'s own loop (tested on the
+//! CPU): hidden columns get a bias of -1e30, whose exponent is exactly 0 in the softmax.
+
+use tch::{Kind, Tensor};
+
+use super::decoder::{DecoderLm, MASKED};
+use super::generate::{sample_record, SamplingParams};
+use super::layers::{AttnMask, FusedProjections, KvCache};
+
+/// One row per prompt of a static batch, after its prefill.
+pub(super) struct StaticStep<'a> {
+    model: &'a DecoderLm,
+    fused: Option<Vec<FusedProjections>>,
+    p: &'a SamplingParams,
+    cache: KvCache,
+    /// Next-token logits `[B, V]` (the model's dtype), overwritten by each step.
+    logits: Tensor,
+    /// This step's uniforms `[B]` (float32): [`Self::set_uniforms`] before each step.
+    u: Tensor,
+    /// Each row's next position `[B, 1]` and next cache column `[B]`.
+    pos: Tensor,
+    cols: Tensor,
+    /// `[B, 1, 1, capacity]`: the prompt's padding hidden, 0 elsewhere.
+    pad_bias: Tensor,
+    /// `[1, 1, 1, capacity]` column numbers.
+    keys: Tensor,
+}
+
+impl<'a> StaticStep<'a> {
+    /// `cache` holds the prefilled prompts in columns `0..column` and has room for every new
+    /// token; `logits` are the prefill's last; `next_pos: [B, 1]`; `pad_bias: [B, 1, 1, capacity]`
+    /// or `None` without padding.
+    pub(super) fn new(
+        model: &'a DecoderLm,
+        fused: Option<Vec<FusedProjections>>,
+        p: &'a SamplingParams,
+        cache: KvCache,
+        logits: Tensor,
+        next_pos: &Tensor,
+        column: i64,
+        pad_bias: Option<Tensor>,
+    ) -> Self {
+        let (b, cap, dev) = (cache.batch(), cache.capacity(), model.device());
+        StaticStep {
+            model,
+            fused,
+            p,
+            cache,
+            logits,
+            u: Tensor::zeros([b], (Kind::Float, dev)),
+            pos: next_pos.copy(),
+            cols: Tensor::full([b], column, (Kind::Int64, dev)),
+            pad_bias: pad_bias.unwrap_or_else(|| Tensor::zeros([b, 1, 1, cap], (model.kind(), dev))),
+            keys: Tensor::arange(cap, (Kind::Int64, dev)).view([1, 1, 1, cap]),
+        }
+    }
+
+    /// Sets the uniforms the next step samples with (`[B]`, on the device).
+    pub(super) fn set_uniforms(&mut self, u: &Tensor) {
+        let _ = self.u.copy_(u);
+    }
+
+    /// Samples every row's token from the current logits and runs the model on it (its keys
+    /// and values written at the row's column): returns the `[B, 4]` record (token, logprob,
+    /// entropy, finite flag). Under a CUDA graph the record is the same tensor at every replay.
+    pub(super) fn run(&mut self) -> Tensor {
+        let (rec, tok) = sample_record(&self.logits, self.p, &self.u);
+        let (b, cap) = (self.cache.batch(), self.cache.capacity());
+        let unwritten = self.keys.gt_tensor(&self.cols.view([b, 1, 1, 1]));
+        let mask = AttnMask::Bias(self.pad_bias.masked_fill(&unwritten, MASKED));
+        self.cache.write_rows_at(&self.cols, cap);
+        let h = self.model.hidden_decode(&tok.unsqueeze(-1), &self.pos, &mask, Some(&mut self.cache), self.fused.as_deref());
+        let _ = self.logits.copy_(&self.model.logits(&h.squeeze_dim(1)));
+        let _ = self.pos.g_add_scalar_(1);
+        let _ = self.cols.g_add_scalar_(1);
+        rec
+    }
+}
