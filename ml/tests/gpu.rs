@@ -5,7 +5,8 @@
 //!   step-2 crash), moving the weights as the same two steps on the CPU do.
 //! - The model core on CUDA agrees with the CPU in float32: logits, greedy tokens (static and
 //!   continuous batching), σ scoring's log-probabilities (within 1e-4). In a build with CUDA
-//!   graphs (bench/gpu_bundle.sh) the static batch's decode replays one, so this checks it too.
+//!   graphs (bench/gpu_bundle.sh) run with `RREDCOT_DECODE_GRAPHS=1`, the static batch's decode
+//!   replays one, so this checks that path too.
 //! - The GPU's decode path (fused projections, flip rotation, grouped queries over a bias)
 //!   against the separate products on the same GPU, in f32 and bf16.
 //! - Training on CUDA: activation checkpointing gives the plain gradients, and mixed precision

@@ -2,7 +2,8 @@
 //! and replayed, one launch per step. tch has no binding for `at::cuda::CUDAGraph`, so a small
 //! C++ shim (`ml/csrc/cuda_graph.cpp`) wraps it; ml/build.rs compiles it when the build asks
 //! (`RREDCOT_CUDA_GRAPHS=1`, as `bench/gpu_bundle.sh` does) against a CUDA build of libtorch. In
-//! every other build [`AVAILABLE`] is false and the decode runs its steps eagerly.
+//! every other build [`AVAILABLE`] is false and the decode runs its steps eagerly; in such a
+//! build the decode uses a graph when `RREDCOT_DECODE_GRAPHS=1` (opt-in until it has run on a GPU).
 //!
 //! As `torch.cuda.graph` does, everything from the warm-up to the last replay runs on a side
 //! stream (capture is not allowed on the default one, and libraries set up their per-stream

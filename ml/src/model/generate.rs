@@ -463,12 +463,12 @@ enum Steps {
     Static { graph: bool },
 }
 
-/// The decode steps of a static batch on `dev`: a CUDA graph where this build has the capture
-/// (`RREDCOT_CUDA_GRAPHS` at build time, see ml/build.rs) unless `RREDCOT_DECODE_GRAPHS=0`;
-/// otherwise the eager steps.
+/// The decode steps of a static batch on `dev`: the eager steps, or with
+/// `RREDCOT_DECODE_GRAPHS=1` a CUDA graph where this build has the capture
+/// (`RREDCOT_CUDA_GRAPHS=1` at build time, see ml/build.rs). Opt-in until it has run on a GPU.
 fn steps_on(dev: Device) -> Steps {
-    let off = std::env::var("RREDCOT_DECODE_GRAPHS").is_ok_and(|v| v == "0");
-    if dev.is_cuda() && super::cuda_graph::AVAILABLE && !off {
+    let on = std::env::var("RREDCOT_DECODE_GRAPHS").is_ok_and(|v| v == "1");
+    if dev.is_cuda() && super::cuda_graph::AVAILABLE && on {
         Steps::Static { graph: true }
     } else {
         Steps::Eager
