@@ -4,21 +4,20 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// What the build's python (torch-sys's `PYTHON_SYS_EXECUTABLE`, else `python`) prints for
+/// `code`, when it runs and prints something.
+fn python_prints(code: &str) -> Option<String> {
+    let python = std::env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python".into());
+    let out = Command::new(python).args(["-c", code]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
 fn torch_lib_dir() -> Option<PathBuf> {
     if let Ok(d) = std::env::var("LIBTORCH") {
         return Some(PathBuf::from(d).join("lib"));
     }
-    let python = std::env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python".into());
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import torch,os;print(os.path.dirname(torch.__file__)+'/lib')",
-        ])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    python_prints("import torch,os;print(os.path.dirname(torch.__file__)+'/lib')").map(PathBuf::from)
 }
 
 /// Include directories of the CUDA runtime headers libtorch's CUDA headers include:
@@ -28,13 +27,8 @@ fn cuda_include() -> Option<Vec<PathBuf>> {
     if let Ok(d) = std::env::var("CUDA_INCLUDE") {
         return Some(std::env::split_paths(&d).collect());
     }
-    let python = std::env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python".into());
-    let out = Command::new(python)
-        .args(["-c", "import torch,os,glob;r=os.path.dirname(os.path.dirname(torch.__file__));print(([d for d in glob.glob(r+'/nvidia/*/include') if os.path.exists(d+'/cuda_runtime_api.h')]+[''])[0])"])
-        .output()
-        .ok()?;
-    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    (!dir.is_empty()).then(|| vec![PathBuf::from(dir)])
+    let dir = python_prints("import torch,os,glob;r=os.path.dirname(os.path.dirname(torch.__file__));print(([d for d in glob.glob(r+'/nvidia/*/include') if os.path.exists(d+'/cuda_runtime_api.h')]+[''])[0])")?;
+    Some(vec![PathBuf::from(dir)])
 }
 
 /// `RREDCOT_CUDA_GRAPHS=1`: compiles ml/csrc/cuda_graph.cpp (CUDA graphs for the decode loop,

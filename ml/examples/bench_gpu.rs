@@ -184,44 +184,39 @@ fn main() -> anyhow::Result<()> {
         res.insert(format!("sampler_ms_one_level_b{b}"), one.into());
         res.insert(format!("sampler_ms_chunked_b{b}"), two.into());
     }
+    // `key`_tok_s_b{b}: the median decode rate at each batch in `batches`, sampled at `t`.
+    let measure = |res: &mut serde_json::Map<String, serde_json::Value>,
+                   m: &DecoderLm,
+                   key: &str,
+                   what: &str,
+                   batches: &[usize],
+                   t: f64|
+     -> anyhow::Result<()> {
+        for &b in batches {
+            let rate = record(res, format!("{key}_tok_s_b{b}"), decode(m, b, t)?);
+            eprintln!("ours {what} b{b}: {rate:.0} tok/s");
+        }
+        Ok(())
+    };
     // bf16 sampled at T = 1 is the headline (transformers' side of the table); greedy bf16 and
     // f32 sampled are what `device = auto`'s dtype choice rests on.
-    for b in [1usize, 64, 256] {
-        let rate = record(&mut res, format!("decode_tok_s_b{b}"), decode(&m, b, 1.0)?);
-        eprintln!("ours bf16 sampled b{b}: {rate:.0} tok/s");
-        
-    }
+    measure(&mut res, &m, "decode", "bf16 sampled", &[1, 64, 256], 1.0)?;
     // The same decode with q|k|v and gate|up as separate products (the path before they were
     // fused, and the CPU's), in the same run.
     std::env::set_var("RREDCOT_DECODE_FUSION", "0");
-    for b in [1usize, 64, 256] {
-        let rate = record(&mut res, format!("decode_unfused_tok_s_b{b}"), decode(&m, b, 1.0)?);
-        eprintln!("ours bf16 sampled, projections not fused, b{b}: {rate:.0} tok/s");
-        
-    }
+    measure(&mut res, &m, "decode_unfused", "bf16 sampled, projections not fused,", &[1, 64, 256], 1.0)?;
     std::env::remove_var("RREDCOT_DECODE_FUSION");
     // The same decode with its steps replayed as a CUDA graph (where this build has them:
     // bench/gpu_bundle.sh; opt-in by RREDCOT_DECODE_GRAPHS=1), in the same run.
     res.insert("decode_cuda_graphs".into(), model::cuda_graph::AVAILABLE.into());
     if model::cuda_graph::AVAILABLE {
         std::env::set_var("RREDCOT_DECODE_GRAPHS", "1");
-        for b in [1usize, 64, 256] {
-            let rate = record(&mut res, format!("decode_graph_tok_s_b{b}"), decode(&m, b, 1.0)?);
-            eprintln!("ours bf16 sampled, steps replayed as a CUDA graph, b{b}: {rate:.0} tok/s");
-        }
+        measure(&mut res, &m, "decode_graph", "bf16 sampled, steps replayed as a CUDA graph,", &[1, 64, 256], 1.0)?;
         std::env::remove_var("RREDCOT_DECODE_GRAPHS");
     }
-    for b in [1usize, 256] {
-        let rate = record(&mut res, format!("decode_greedy_tok_s_b{b}"), decode(&m, b, 0.0)?);
-        eprintln!("ours bf16 greedy b{b}: {rate:.0} tok/s");
-        
-    }
+    measure(&mut res, &m, "decode_greedy", "bf16 greedy", &[1, 256], 0.0)?;
     m.set_kind(Kind::Float);
-    for b in [1usize, 64, 256] {
-        let rate = record(&mut res, format!("decode_f32_tok_s_b{b}"), decode(&m, b, 1.0)?);
-        eprintln!("ours f32 sampled b{b}: {rate:.0} tok/s");
-        
-    }
+    measure(&mut res, &m, "decode_f32", "f32 sampled", &[1, 64, 256], 1.0)?;
     std::fs::write(out.join("ours.json"), serde_json::to_string_pretty(&res)?)?;
     std::fs::write(out.join("prompt.json"), serde_json::to_string(&prompt)?)?;
     Ok(())

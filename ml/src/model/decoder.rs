@@ -178,19 +178,10 @@ impl DecoderLm {
         input_ids: &Tensor,
         positions: &Tensor,
         mask: &AttnMask,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
         fused: Option<&[FusedProjections]>,
     ) -> Tensor {
-        let Some(fused) = fused else {
-            return self.hidden(input_ids, positions, mask, cache);
-        };
-        let mut x = self.embed(input_ids);
-        let rope = Rotary::with_signed_sin(self.rotary.tables(positions, x.kind()));
-        for (i, (layer, f)) in self.layers.iter().zip(fused).enumerate() {
-            let c = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            x = layer.forward_fused(&x, &rope, mask, c, f);
-        }
-        self.norm.forward(&x)
+        self.layers_from(self.embed(input_ids), positions, mask, cache, fused)
     }
 
     /// Input embeddings `[B, L, D]` of `input_ids: [B, L]`: what [`Self::hidden_from_embeds`]
@@ -202,15 +193,30 @@ impl DecoderLm {
     /// [`Self::hidden`] from given input embeddings `x: [B, L, D]` instead of token ids.
     pub fn hidden_from_embeds(
         &self,
+        x: Tensor,
+        positions: &Tensor,
+        mask: &AttnMask,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.layers_from(x, positions, mask, cache, None)
+    }
+
+    /// Every layer over `x: [B, L, D]`, then the final norm; through `fused` where given.
+    fn layers_from(
+        &self,
         mut x: Tensor,
         positions: &Tensor,
         mask: &AttnMask,
         mut cache: Option<&mut KvCache>,
+        fused: Option<&[FusedProjections]>,
     ) -> Tensor {
-        let rope = self.rotary.tables(positions, x.kind());
+        let mut rope = self.rotary.tables(positions, x.kind());
+        if fused.is_some() {
+            rope = Rotary::with_signed_sin(rope);
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             let c = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            x = layer.forward(&x, &rope, mask, c);
+            x = layer.forward_with(&x, &rope, mask, c, fused.map(|f| &f[i]));
         }
         self.norm.forward(&x)
     }

@@ -584,12 +584,8 @@ fn generate_static(
 
 /// A static batch's decode loop around `step` (this step's uniforms `[B]`, whether it is the
 /// last; returns its `[B, 4]` record): uniforms drawn `every` steps at once, the records read
-/// back then ([`absorb`]), until every row is finished or `max_new` steps ran.
-///
-/// The fixed-shape steps ([`StaticStep`]) go through a [`super::cuda_graph::Runner`]: with a
-/// graph, the first [`super::cuda_graph::GRAPH_WARMUP`] steps run as they are (on the capture
-/// stream, so libraries set up their state outside the capture), the next is captured, and every
-/// later step is one replay.
+/// back then ([`absorb`]), until every row is finished or `max_new` steps ran. The fixed-shape
+/// steps ([`StaticStep`]) come through a [`super::cuda_graph::Runner`], which replays a graph.
 #[allow(clippy::too_many_arguments)]
 fn decode_chunks(
     rngs: &mut [ChaCha8Rng],
@@ -616,6 +612,7 @@ fn decode_chunks(
     }
     Ok(())
 }
+
 /// Prefills `prompt` alone into slot `s` of `cache` (from column 0) and puts its next-token
 /// logits in row `s` of `logits`; returns the slot's next column (the prompt length).
 fn prefill_slot(

@@ -34,6 +34,14 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         x.linear(&self.weight, self.bias.as_ref())
     }
+
+    /// The projections `parts` (same input) as one: weights stacked by output row, biases
+    /// likewise, so one matrix product gives their outputs side by side.
+    fn stacked(parts: &[&Linear]) -> Linear {
+        let weights: Vec<&Tensor> = parts.iter().map(|p| &p.weight).collect();
+        let biases: Option<Vec<&Tensor>> = parts.iter().map(|p| p.bias.as_ref()).collect();
+        Linear { weight: Tensor::cat(&weights, 0), bias: biases.map(|b| Tensor::cat(&b, 0)) }
+    }
 }
 
 /// Root-mean-square layer norm, computed in float32 like `transformers` (`Qwen2RMSNorm`).
@@ -129,16 +137,6 @@ impl Rotary {
         let sin = t.sin_signed.as_ref().expect("rope tables made by Rotary::with_signed_sin");
         let swapped = x.unflatten(3, [2, half]).flip([3]).flatten(3, 4);
         x * &t.cos + swapped * sin
-    }
-}
-
-impl Linear {
-    /// The projections `parts` (same input) as one: weights stacked by output row, biases
-    /// likewise, so one matrix product gives their outputs side by side.
-    fn stacked(parts: &[&Linear]) -> Linear {
-        let weights: Vec<&Tensor> = parts.iter().map(|p| &p.weight).collect();
-        let biases: Option<Vec<&Tensor>> = parts.iter().map(|p| p.bias.as_ref()).collect();
-        Linear { weight: Tensor::cat(&weights, 0), bias: biases.map(|b| Tensor::cat(&b, 0)) }
     }
 }
 
@@ -486,17 +484,6 @@ impl Attention {
         self.o_proj.forward(&y)
     }
 
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        rope: &RopeTables,
-        mask: &AttnMask,
-        cache: Option<&mut LayerKv>,
-    ) -> Tensor {
-        let (q, k, v) = self.qkv(x, rope);
-        self.attend(q, k, v, mask, cache)
-    }
-
     /// Attention of rotated `q` over `k`, `v` (appended to `cache` first), projected out.
     fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: &AttnMask, cache: Option<&mut LayerKv>) -> Tensor {
         let (k, v) = match cache {
@@ -635,10 +622,7 @@ impl DecoderLayer {
         mask: &AttnMask,
         cache: Option<&mut LayerKv>,
     ) -> Tensor {
-        let h = x + self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x), rope, mask, cache);
-        &h + self.mlp.forward(&self.post_attention_layernorm.forward(&h))
+        self.forward_with(x, rope, mask, cache, None)
     }
 
     /// This layer's [`FusedProjections`] (copies of its current weights).
@@ -650,21 +634,28 @@ impl DecoderLayer {
         }
     }
 
-    /// [`Self::forward`] through `fused` (this layer's [`Self::fused_projections`]); `rope` made
-    /// by [`Rotary::with_signed_sin`]. The same function of the weights; on a GPU the products
-    /// may round differently from three separate ones.
-    pub fn forward_fused(
+    /// [`Self::forward`], through `fused` (this layer's [`Self::fused_projections`]) where given;
+    /// then `rope` must come from [`Rotary::with_signed_sin`]. The same function of the weights;
+    /// on a GPU the stacked products may round differently from separate ones.
+    pub fn forward_with(
         &self,
         x: &Tensor,
         rope: &RopeTables,
         mask: &AttnMask,
         cache: Option<&mut LayerKv>,
-        fused: &FusedProjections,
+        fused: Option<&FusedProjections>,
     ) -> Tensor {
-        let a = &self.self_attn;
-        let (q, k, v) = a.qkv_fused(&self.input_layernorm.forward(x), rope, &fused.qkv);
+        let (a, xn) = (&self.self_attn, self.input_layernorm.forward(x));
+        let (q, k, v) = match fused {
+            Some(f) => a.qkv_fused(&xn, rope, &f.qkv),
+            None => a.qkv(&xn, rope),
+        };
         let h = x + a.attend(q, k, v, mask, cache);
-        &h + self.mlp.forward_fused(&self.post_attention_layernorm.forward(&h), &fused.gate_up)
+        let hn = self.post_attention_layernorm.forward(&h);
+        &h + match fused {
+            Some(f) => self.mlp.forward_fused(&hn, &f.gate_up),
+            None => self.mlp.forward(&hn),
+        }
     }
 
     pub fn forward_shared_prefix(

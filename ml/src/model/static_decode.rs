@@ -41,13 +41,16 @@ impl<'a> StaticStep<'a> {
         model: &'a DecoderLm,
         fused: Option<Vec<FusedProjections>>,
         p: &'a SamplingParams,
-        cache: KvCache,
+        mut cache: KvCache,
         logits: Tensor,
         next_pos: &Tensor,
         column: i64,
         pad_bias: Option<Tensor>,
     ) -> Self {
         let (b, cap, dev) = (cache.batch(), cache.capacity(), model.device());
+        let cols = Tensor::full([b], column, (Kind::Int64, dev));
+        // Once: the cache's write index views `cols`, which each step advances in place.
+        cache.write_rows_at(&cols, cap);
         StaticStep {
             model,
             fused,
@@ -56,7 +59,7 @@ impl<'a> StaticStep<'a> {
             logits,
             u: Tensor::zeros([b], (Kind::Float, dev)),
             pos: next_pos.copy(),
-            cols: Tensor::full([b], column, (Kind::Int64, dev)),
+            cols,
             pad_bias: pad_bias.unwrap_or_else(|| Tensor::zeros([b, 1, 1, cap], (model.kind(), dev))),
             keys: Tensor::arange(cap, (Kind::Int64, dev)).view([1, 1, 1, cap]),
         }
@@ -72,10 +75,8 @@ impl<'a> StaticStep<'a> {
     /// entropy, finite flag). Under a CUDA graph the record is the same tensor at every replay.
     pub(super) fn run(&mut self) -> Tensor {
         let (rec, tok) = sample_record(&self.logits, self.p, &self.u);
-        let (b, cap) = (self.cache.batch(), self.cache.capacity());
-        let unwritten = self.keys.gt_tensor(&self.cols.view([b, 1, 1, 1]));
+        let unwritten = self.keys.gt_tensor(&self.cols.view([self.cache.batch(), 1, 1, 1]));
         let mask = AttnMask::Bias(self.pad_bias.masked_fill(&unwritten, MASKED));
-        self.cache.write_rows_at(&self.cols, cap);
         let h = self.model.hidden_decode(&tok.unsqueeze(-1), &self.pos, &mask, Some(&mut self.cache), self.fused.as_deref());
         let _ = self.logits.copy_(&self.model.logits(&h.squeeze_dim(1)));
         let _ = self.pos.g_add_scalar_(1);
