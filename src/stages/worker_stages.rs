@@ -8,15 +8,15 @@ use crate::engine::BuiltinInfo;
 use crate::engine::Executable::Worker;
 
 pub const WORKER_STAGES: &[BuiltinInfo] = &[
-    BuiltinInfo { name: "bootstrap_sft", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "rollout", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "score_sigma", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "score_mc", version: "3", runs_in: Worker },
-    BuiltinInfo { name: "score_loo", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "score_grad", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "score_progress", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "reset", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "update", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "eval", version: "2", runs_in: Worker },
-    BuiltinInfo { name: "judge_local", version: "1", runs_in: Worker },
+    BuiltinInfo { name: "bootstrap_sft", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "rollout", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "score_sigma", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "score_mc", version: "4", runs_in: Worker },
+    BuiltinInfo { name: "score_loo", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "score_grad", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "score_progress", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "reset", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "update", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "eval", version: "3", runs_in: Worker },
+    BuiltinInfo { name: "judge_local", version: "2", runs_in: Worker },
 ];

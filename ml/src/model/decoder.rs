@@ -288,9 +288,11 @@ impl DecoderLm {
         self.norm.forward(&x)
     }
 
-    /// LM head: hidden `[.., D]` to logits `[.., V]`.
+    /// LM head: hidden `[.., D]` to logits `[.., V]` (a decode step's few rows on the CPU
+    /// through [`super::cpu_matmul`]).
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        hidden.matmul(&self.lm_head.tr())
+        super::cpu_matmul::linear(hidden, &self.lm_head, None)
+            .unwrap_or_else(|| hidden.matmul(&self.lm_head.tr()))
     }
 
     /// Logits `[B, L, V]` for `input_ids: [B, L]` (int64), like `transformers`' `forward`.

@@ -31,8 +31,10 @@ impl Linear {
         Linear { weight, bias }
     }
 
+    /// `x · Wᵀ + b`; a decode step's few rows on the CPU through [`super::cpu_matmul`].
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        x.linear(&self.weight, self.bias.as_ref())
+        super::cpu_matmul::linear(x, &self.weight, self.bias.as_ref())
+            .unwrap_or_else(|| x.linear(&self.weight, self.bias.as_ref()))
     }
 
     /// The projections `parts` (same input) as one: weights stacked by output row, biases

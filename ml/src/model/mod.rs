@@ -8,6 +8,7 @@
 //! [`score::score_cuts`] and use [`decoder::DecoderLm::forward`] with gradients for training.
 
 pub mod config;
+pub mod cpu_matmul;
 pub mod cuda_graph;
 pub mod decoder;
 pub mod error;

@@ -148,7 +148,7 @@ pub fn greedy_accuracy(model: &DecoderLm, tok: &Tokenizer, rows: &[PromptRow], m
     Ok((correct as f64 / rows.len().max(1) as f64, tokens))
 }
 
-pub const STAGE: Builtin = Builtin { name: "bootstrap_sft", version: "2", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "bootstrap_sft", version: "3", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: SftParams = ctx.params()?;

@@ -33,7 +33,7 @@ struct JudgeLocalParams {
     threads: i64,
 }
 
-pub const STAGE: Builtin = Builtin { name: "judge_local", version: "1", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "judge_local", version: "2", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: JudgeLocalParams = ctx.params()?;

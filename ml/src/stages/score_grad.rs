@@ -50,7 +50,7 @@ pub(super) struct GradParams {
     threads: i64,
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_grad", version: "2", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_grad", version: "3", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: GradParams = ctx.params()?;

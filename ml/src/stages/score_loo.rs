@@ -65,7 +65,7 @@ fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target
     Ok(Attribution { values, credit: None, sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_loo", version: "2", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_loo", version: "3", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: LooParams = ctx.params()?;

@@ -200,7 +200,7 @@ fn finish(t: &Trace, q: Request, values: &[Vec<f64>], s: &Settings) -> Result<Sc
     Ok(Scored { row, solution_truncated: q.solution_truncated, trace_truncated: q.trace_truncated, fell_back, missing: false })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "2", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "3", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let s: Settings = ctx.params()?;

@@ -1,0 +1,253 @@
+//! `x · Wᵀ` for a few rows of `x` on the CPU: the matrix products of a decode step.
+//!
+//! Why: a decode step multiplies 1–32 rows (one per sequence) by every weight matrix, and the
+//! weights (540 MB for SmolLM2-135M in float32) do not stay in cache between steps. libtorch's
+//! MKL product repacks each weight per call and runs its small-row kernels well below the
+//! memory's bandwidth on our CPU. Measured, one thread, SmolLM2-135M's 30 layers and LM head,
+//! weights streamed from memory (bench/model.md): MKL 186 ms per step at 8 rows, this kernel
+//! 63–68 ms; at 1 row 70 ms vs 46–55 ms, where a bare read of the weights takes 42–44 ms. The
+//! `gemm` and `matrixmultiply` crates took 148–185 ms at 8 rows (they pack too), so the kernel
+//! is ours: each weight row is read once for all rows of `x`, four weight rows at a time, with
+//! the next four prefetched.
+//!
+//! Where it applies ([`linear`]): inference only (autograd off or nothing requiring grad),
+//! float32 on the CPU, contiguous weights, at most [`MAX_ROWS`] rows, a CPU with AVX2 and FMA.
+//! Everything else keeps libtorch's product. Its sums run in another order than MKL's, so its
+//! results differ in the last bits (logits ~1e-5 apart); on one machine they are deterministic.
+
+use tch::{Device, Kind, Tensor};
+
+/// Most rows of `x` this product takes: up to 32 it beat MKL in the measurement above (16 rows
+/// 104–110 ms vs 168, 32 rows 169–190 vs 254).
+pub const MAX_ROWS: i64 = 32;
+
+/// `x · weightᵀ (+ bias)` for `x: [.., K]`, `weight: [N, K]`, `bias: [N]`, through the kernel
+/// above where it applies; `None` where it does not (the caller uses libtorch's product).
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
+    if !applies(x, weight, bias) {
+        return None;
+    }
+    let shape = x.size();
+    let k = *shape.last()?;
+    let n = weight.size()[0];
+    let rows = x.numel() as i64 / k.max(1);
+    let x = x.contiguous();
+    let bias = bias.map(Tensor::contiguous);
+    let out = Tensor::empty([rows, n], (Kind::Float, x.device()));
+    let (m, n, k) = (rows as usize, n as usize, k as usize);
+    // SAFETY: every tensor is a contiguous float32 CPU tensor of the length given (checked by
+    // `applies` and made so above), alive until the end of this function; `out` is fresh.
+    unsafe {
+        let x = std::slice::from_raw_parts(x.data_ptr() as *const f32, m * k);
+        let w = std::slice::from_raw_parts(weight.data_ptr() as *const f32, n * k);
+        let b = bias.as_ref().map(|b| std::slice::from_raw_parts(b.data_ptr() as *const f32, n));
+        let o = std::slice::from_raw_parts_mut(out.data_ptr() as *mut f32, m * n);
+        kernel::x_wt(m, n, k, x, w, b, o);
+    }
+    let mut out_shape = shape;
+    *out_shape.last_mut()? = n as i64;
+    Some(out.view(out_shape.as_slice()))
+}
+
+fn applies(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> bool {
+    // host: the kernel reads CPU memory; it tests where the operands are, and makes nothing.
+    if !kernel::supported() || x.device() != Device::Cpu || weight.device() != Device::Cpu {
+        return false;
+    }
+    if x.kind() != Kind::Float || weight.kind() != Kind::Float || weight.dim() != 2 || !weight.is_contiguous() {
+        return false;
+    }
+    let (n, k) = (weight.size()[0], weight.size()[1]);
+    if x.dim() == 0 || x.size().last() != Some(&k) || k == 0 {
+        return false;
+    }
+    let rows = x.numel() as i64 / k;
+    if rows == 0 || rows > MAX_ROWS {
+        return false;
+    }
+    if let Some(b) = bias {
+        // host: as above, a test of where the bias is.
+        if b.kind() != Kind::Float || b.device() != Device::Cpu || b.size() != [n] {
+            return false;
+        }
+    }
+    let tracked = x.requires_grad() || weight.requires_grad() || bias.is_some_and(Tensor::requires_grad);
+    !(tracked && grad_enabled())
+}
+
+/// Whether autograd records operations here (tch keeps its own query private).
+fn grad_enabled() -> bool {
+    // SAFETY: plain calls into libtorch's thread-local grad mode; the second restores the first.
+    unsafe {
+        let prev = torch_sys::at_grad_set_enabled(0);
+        torch_sys::at_grad_set_enabled(prev);
+        prev != 0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod kernel {
+    use std::arch::x86_64::*;
+
+    pub fn supported() -> bool {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+
+    /// `out[j, r] = Σ_k x[j, k]·w[r, k] (+ b[r])` for `x: [m, k]`, `w: [n, k]`, `out: [m, n]`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA ([`supported`]); the slices have the lengths named.
+    pub unsafe fn x_wt(m: usize, n: usize, k: usize, x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+        assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+        assert!(b.is_none_or(|b| b.len() >= n));
+        run(m, n, k, x, w, b, out)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run(m: usize, n: usize, k: usize, x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+        let p = Panel { x: x.as_ptr(), w: w.as_ptr(), b: b.map(<[f32]>::as_ptr), out: out.as_mut_ptr(), n, k, w_len: n * k };
+        let (n4, m2) = (n - n % 4, m - m % 2);
+        for r in (0..n4).step_by(4) {
+            for j in (0..m2).step_by(2) {
+                p.tile::<4, 2>(r, j);
+            }
+            if m2 < m {
+                p.tile::<4, 1>(r, m2);
+            }
+        }
+        for r in n4..n {
+            for j in (0..m2).step_by(2) {
+                p.tile::<1, 2>(r, j);
+            }
+            if m2 < m {
+                p.tile::<1, 1>(r, m2);
+            }
+        }
+    }
+
+    /// The operands as raw pointers (bounds asserted by [`x_wt`]).
+    struct Panel {
+        x: *const f32,
+        w: *const f32,
+        b: Option<*const f32>,
+        out: *mut f32,
+        n: usize,
+        k: usize,
+        w_len: usize,
+    }
+
+    impl Panel {
+        /// Weight rows `r0..r0 + R` times rows `j0..j0 + J` of `x`: R·J sums of 8-wide
+        /// products, each weight vector loaded once for the J rows. While it runs, the next R
+        /// weight rows (contiguous after these) are prefetched, spread over the loop.
+        #[inline(always)]
+        unsafe fn tile<const R: usize, const J: usize>(&self, r0: usize, j0: usize) {
+            let k = self.k;
+            let k8 = k - k % 8;
+            let mut acc = [[_mm256_setzero_ps(); J]; R];
+            let next = (r0 + R) * k;
+            for kk in (0..k8).step_by(8) {
+                let ahead = next + kk * R;
+                if ahead < self.w_len {
+                    // A prefetch is a hint and never faults; the address is only computed.
+                    let at = self.w.wrapping_add(ahead) as *const i8;
+                    _mm_prefetch::<_MM_HINT_T0>(at);
+                    if R > 2 {
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64));
+                    }
+                }
+                let mut xv = [_mm256_setzero_ps(); J];
+                for (j, v) in xv.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(self.x.add((j0 + j) * k + kk));
+                }
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let wv = _mm256_loadu_ps(self.w.add((r0 + r) * k + kk));
+                    for (a, v) in acc_r.iter_mut().zip(&xv) {
+                        *a = _mm256_fmadd_ps(wv, *v, *a);
+                    }
+                }
+            }
+            for (r, acc_r) in acc.iter().enumerate() {
+                for (j, a) in acc_r.iter().enumerate() {
+                    let mut s = horizontal_sum(*a);
+                    for t in k8..k {
+                        s += *self.x.add((j0 + j) * k + t) * *self.w.add((r0 + r) * k + t);
+                    }
+                    if let Some(b) = self.b {
+                        s += *b.add(r0 + r);
+                    }
+                    *self.out.add((j0 + j) * self.n + r0 + r) = s;
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn horizontal_sum(a: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    }
+}
+
+/// Other CPUs keep libtorch's product.
+#[cfg(not(target_arch = "x86_64"))]
+mod kernel {
+    pub fn supported() -> bool {
+        false
+    }
+    pub unsafe fn x_wt(_: usize, _: usize, _: usize, _: &[f32], _: &[f32], _: Option<&[f32]>, _: &mut [f32]) {
+        unreachable!("the kernel is not built for this CPU")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn randn(shape: &[i64], seed: i64) -> Tensor {
+        tch::manual_seed(seed);
+        Tensor::randn(shape, (Kind::Float, Device::Cpu))
+    }
+
+    /// Every tile shape and tail (rows of x odd and even, weight rows not a multiple of 4,
+    /// K not a multiple of 8, with and without bias, 1–3 leading dimensions) against libtorch's
+    /// product in float64.
+    #[test]
+    fn few_row_products_equal_libtorchs() {
+        if !kernel::supported() {
+            eprintln!("SKIP: this CPU has no AVX2/FMA; the kernel is not used");
+            return;
+        }
+        let mut checked = 0;
+        for (lead, n, k) in [(vec![1i64], 7i64, 13i64), (vec![2, 1], 576, 576), (vec![3], 190, 1536), (vec![8], 9, 64), (vec![4, 8], 33, 40), (vec![5], 1, 8)] {
+            for with_bias in [false, true] {
+                let mut shape = lead.clone();
+                shape.push(k);
+                let x = randn(&shape, n * 7 + k);
+                let w = randn(&[n, k], n + k);
+                let b = with_bias.then(|| randn(&[n], n));
+                let ours = tch::no_grad(|| linear(&x, &w, b.as_ref())).expect("the kernel applies");
+                let exact = x.to_kind(Kind::Double).linear(&w.to_kind(Kind::Double), b.map(|b| b.to_kind(Kind::Double)).as_ref());
+                assert_eq!(ours.size(), exact.size());
+                let err = (ours.to_kind(Kind::Double) - &exact).abs().max().double_value(&[]);
+                assert!(err < 1e-4 * (k as f64).sqrt(), "{lead:?} x [{n}, {k}] bias {with_bias}: off by {err}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 12);
+    }
+
+    /// It stays out of training (autograd needs libtorch's op), of float64 and of many rows.
+    #[test]
+    fn autograd_other_kinds_and_many_rows_keep_libtorch() {
+        let w = randn(&[16, 8], 1).set_requires_grad(true);
+        let x = randn(&[2, 8], 2);
+        assert!(linear(&x, &w, None).is_none(), "grad mode with a trainable weight");
+        let y = x.linear(&w, None::<&Tensor>);
+        assert!(y.requires_grad());
+        assert!(linear(&x.to_kind(Kind::Double), &w.to_kind(Kind::Double), None).is_none());
+        assert!(tch::no_grad(|| linear(&randn(&[MAX_ROWS + 1, 8], 3), &w, None)).is_none());
+        assert_eq!(tch::no_grad(|| linear(&x, &w, None)).is_some(), kernel::supported());
+    }
+}
