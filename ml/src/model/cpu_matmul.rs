@@ -49,9 +49,16 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tens
     Some(out.view(out_shape.as_slice()))
 }
 
+/// Whether the kernel is used at all: the CPU has what it needs, and `RREDCOT_CPU_MATMUL=0` does
+/// not turn it off (to compare with MKL's products, as `bench/model.sh` does).
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| kernel::supported() && std::env::var("RREDCOT_CPU_MATMUL").map_or(true, |v| v != "0"))
+}
+
 fn applies(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> bool {
     // host: the kernel reads CPU memory; it tests where the operands are, and makes nothing.
-    if !kernel::supported() || x.device() != Device::Cpu || weight.device() != Device::Cpu {
+    if !enabled() || x.device() != Device::Cpu || weight.device() != Device::Cpu {
         return false;
     }
     if x.kind() != Kind::Float || weight.kind() != Kind::Float || weight.dim() != 2 || !weight.is_contiguous() {
@@ -95,19 +102,43 @@ mod kernel {
 
     /// `out[j, r] = Σ_k x[j, k]·w[r, k] (+ b[r])` for `x: [m, k]`, `w: [n, k]`, `out: [m, n]`.
     ///
+    /// The weight rows are shared out in runs of four over libtorch's intra-op threads (as many
+    /// as MKL would use), each run on rayon's pool: every output element is summed by one
+    /// thread in one order, so the result does not depend on the thread count.
+    ///
     /// # Safety
     /// The CPU has AVX2 and FMA ([`supported`]); the slices have the lengths named.
     pub unsafe fn x_wt(m: usize, n: usize, k: usize, x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
-        assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
-        assert!(b.is_none_or(|b| b.len() >= n));
-        run(m, n, k, x, w, b, out)
+        x_wt_on(tch::get_num_threads().max(1) as usize, m, n, k, x, w, b, out)
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run(m: usize, n: usize, k: usize, x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    /// [`x_wt`] on `threads` threads.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn x_wt_on(threads: usize, m: usize, n: usize, k: usize, x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+        assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+        assert!(b.is_none_or(|b| b.len() >= n));
         let p = Panel { x: x.as_ptr(), w: w.as_ptr(), b: b.map(<[f32]>::as_ptr), out: out.as_mut_ptr(), n, k, w_len: n * k };
-        let (n4, m2) = (n - n % 4, m - m % 2);
-        for r in (0..n4).step_by(4) {
+        let per = n.div_ceil(threads).next_multiple_of(4);
+        if threads == 1 || n * k < MIN_SPLIT || per >= n {
+            return rows(&p, m, 0, n);
+        }
+        rayon::scope(|s| {
+            for start in (0..n).step_by(per) {
+                let p = &p;
+                s.spawn(move |_| rows(p, m, start, (start + per).min(n)));
+            }
+        });
+    }
+
+    /// Weights smaller than this (floats) are not split over threads: a hand-off costs more
+    /// than their product (the tiny test models').
+    const MIN_SPLIT: usize = 1 << 16;
+
+    /// Weight rows `from..to` (`from` a multiple of 4) for every row of `x`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows(p: &Panel, m: usize, from: usize, to: usize) {
+        let (n4, m2) = (to - (to - from) % 4, m - m % 2);
+        for r in (from..n4).step_by(4) {
             for j in (0..m2).step_by(2) {
                 p.tile::<4, 2>(r, j);
             }
@@ -115,7 +146,7 @@ mod kernel {
                 p.tile::<4, 1>(r, m2);
             }
         }
-        for r in n4..n {
+        for r in n4..to {
             for j in (0..m2).step_by(2) {
                 p.tile::<1, 2>(r, j);
             }
@@ -135,6 +166,10 @@ mod kernel {
         k: usize,
         w_len: usize,
     }
+
+    // SAFETY: threads read `x`, `w`, `b` and write disjoint columns of `out` (their own weight
+    // rows), all alive until `rayon::scope` returns.
+    unsafe impl Sync for Panel {}
 
     impl Panel {
         /// Weight rows `r0..r0 + R` times rows `j0..j0 + J` of `x`: R·J sums of 8-wide
@@ -199,6 +234,10 @@ mod kernel {
     pub unsafe fn x_wt(_: usize, _: usize, _: usize, _: &[f32], _: &[f32], _: Option<&[f32]>, _: &mut [f32]) {
         unreachable!("the kernel is not built for this CPU")
     }
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn x_wt_on(_: usize, _: usize, _: usize, _: usize, _: &[f32], _: &[f32], _: Option<&[f32]>, _: &mut [f32]) {
+        unreachable!("the kernel is not built for this CPU")
+    }
 }
 
 #[cfg(test)]
@@ -238,6 +277,29 @@ mod tests {
         assert_eq!(checked, 12);
     }
 
+    /// Split over threads, every output element is the one-thread kernel's, bit for bit.
+    #[test]
+    fn the_thread_count_does_not_change_the_result() {
+        if !kernel::supported() {
+            eprintln!("SKIP: this CPU has no AVX2/FMA; the kernel is not used");
+            return;
+        }
+        let (m, n, k) = (3usize, 1030usize, 200usize);
+        let x = Vec::<f32>::try_from(randn(&[(m * k) as i64], 5)).unwrap();
+        let w = Vec::<f32>::try_from(randn(&[(n * k) as i64], 6)).unwrap();
+        let b = Vec::<f32>::try_from(randn(&[n as i64], 7)).unwrap();
+        let run = |threads| {
+            let mut out = vec![f32::NAN; m * n];
+            unsafe { kernel::x_wt_on(threads, m, n, k, &x, &w, Some(&b), &mut out) };
+            out
+        };
+        let one = run(1);
+        assert!(one.iter().all(|v| v.is_finite()));
+        for threads in [2, 3, 7] {
+            assert!(run(threads).iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
+        }
+    }
+
     /// It stays out of training (autograd needs libtorch's op), of float64 and of many rows.
     #[test]
     fn autograd_other_kinds_and_many_rows_keep_libtorch() {
@@ -248,6 +310,6 @@ mod tests {
         assert!(y.requires_grad());
         assert!(linear(&x.to_kind(Kind::Double), &w.to_kind(Kind::Double), None).is_none());
         assert!(tch::no_grad(|| linear(&randn(&[MAX_ROWS + 1, 8], 3), &w, None)).is_none());
-        assert_eq!(tch::no_grad(|| linear(&x, &w, None)).is_some(), kernel::supported());
+        assert_eq!(tch::no_grad(|| linear(&x, &w, None)).is_some(), enabled());
     }
 }
