@@ -5,8 +5,8 @@
 //! MKL product repacks each weight per call and runs its small-row kernels well below the
 //! memory's bandwidth on our CPU. Measured, one thread, SmolLM2-135M's 30 layers and LM head,
 //! weights streamed from memory (bench/model.md): MKL 186 ms per step at 8 rows, this kernel
-//! 63–68 ms; at 1 row 70 ms vs 46–55 ms, where a bare read of the weights takes 42–44 ms. The
-//! `gemm` and `matrixmultiply` crates took 148–185 ms at 8 rows (they pack too), so the kernel
+//! 63–68 ms; at 1 row 71 ms vs 46–55 ms, where a bare read of the weights takes 42–49 ms. The
+//! `gemm` and `matrixmultiply` crates took 128–185 ms at 8 rows (they pack too), so the kernel
 //! is ours: each weight row is read once for all rows of `x`, four weight rows at a time, with
 //! the next four prefetched.
 //!
@@ -24,17 +24,10 @@ pub const MAX_ROWS: i64 = 32;
 /// `x · weightᵀ (+ bias)` for `x: [.., K]`, `weight: [N, K]`, `bias: [N]`, through the kernel
 /// above where it applies; `None` where it does not (the caller uses libtorch's product).
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
-    if !applies(x, weight, bias) {
-        return None;
-    }
-    let shape = x.size();
-    let k = *shape.last()?;
-    let n = weight.size()[0];
-    let rows = x.numel() as i64 / k.max(1);
+    let (m, n, k) = applies(x, weight, bias)?;
     let x = x.contiguous();
     let bias = bias.map(Tensor::contiguous);
-    let out = Tensor::empty([rows, n], (Kind::Float, x.device()));
-    let (m, n, k) = (rows as usize, n as usize, k as usize);
+    let out = Tensor::empty([m as i64, n as i64], (Kind::Float, x.device()));
     // SAFETY: every tensor is a contiguous float32 CPU tensor of the length given (checked by
     // `applies` and made so above), alive until the end of this function; `out` is fresh.
     unsafe {
@@ -44,42 +37,43 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tens
         let o = std::slice::from_raw_parts_mut(out.data_ptr() as *mut f32, m * n);
         kernel::x_wt(m, n, k, x, w, b, o);
     }
-    let mut out_shape = shape;
+    let mut out_shape = x.size();
     *out_shape.last_mut()? = n as i64;
     Some(out.view(out_shape.as_slice()))
 }
 
 /// Whether the kernel is used at all: the CPU has what it needs, and `RREDCOT_CPU_MATMUL=0` does
-/// not turn it off (to compare with MKL's products, as `bench/model.sh` does).
+/// not turn it off (to compare with MKL's products, bench/model.md).
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| kernel::supported() && std::env::var("RREDCOT_CPU_MATMUL").map_or(true, |v| v != "0"))
 }
 
-fn applies(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> bool {
+/// `(rows of x, N, K)` where the kernel applies to these operands, else `None`.
+fn applies(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<(usize, usize, usize)> {
     // host: the kernel reads CPU memory; it tests where the operands are, and makes nothing.
     if !enabled() || x.device() != Device::Cpu || weight.device() != Device::Cpu {
-        return false;
+        return None;
     }
     if x.kind() != Kind::Float || weight.kind() != Kind::Float || weight.dim() != 2 || !weight.is_contiguous() {
-        return false;
+        return None;
     }
     let (n, k) = (weight.size()[0], weight.size()[1]);
     if x.dim() == 0 || x.size().last() != Some(&k) || k == 0 {
-        return false;
+        return None;
     }
     let rows = x.numel() as i64 / k;
     if rows == 0 || rows > MAX_ROWS {
-        return false;
+        return None;
     }
     if let Some(b) = bias {
         // host: as above, a test of where the bias is.
         if b.kind() != Kind::Float || b.device() != Device::Cpu || b.size() != [n] {
-            return false;
+            return None;
         }
     }
     let tracked = x.requires_grad() || weight.requires_grad() || bias.is_some_and(Tensor::requires_grad);
-    !(tracked && grad_enabled())
+    (!(tracked && grad_enabled())).then_some((rows as usize, n as usize, k as usize))
 }
 
 /// Whether autograd records operations here (tch keeps its own query private).
@@ -117,7 +111,7 @@ mod kernel {
     pub(super) unsafe fn x_wt_on(threads: usize, m: usize, n: usize, k: usize, x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
         assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
         assert!(b.is_none_or(|b| b.len() >= n));
-        let p = Panel { x: x.as_ptr(), w: w.as_ptr(), b: b.map(<[f32]>::as_ptr), out: out.as_mut_ptr(), n, k, w_len: n * k };
+        let p = Panel { x: x.as_ptr(), w: w.as_ptr(), b: b.map(<[f32]>::as_ptr), out: out.as_mut_ptr(), n, k };
         let per = n.div_ceil(threads).next_multiple_of(4);
         if threads == 1 || n * k < MIN_SPLIT || per >= n {
             return rows(&p, m, 0, n);
@@ -164,7 +158,6 @@ mod kernel {
         out: *mut f32,
         n: usize,
         k: usize,
-        w_len: usize,
     }
 
     // SAFETY: threads read `x`, `w`, `b` and write disjoint columns of `out` (their own weight
@@ -183,7 +176,7 @@ mod kernel {
             let next = (r0 + R) * k;
             for kk in (0..k8).step_by(8) {
                 let ahead = next + kk * R;
-                if ahead < self.w_len {
+                if ahead < self.n * k {
                     // A prefetch is a hint and never faults; the address is only computed.
                     let at = self.w.wrapping_add(ahead) as *const i8;
                     _mm_prefetch::<_MM_HINT_T0>(at);
