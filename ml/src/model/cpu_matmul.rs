@@ -82,13 +82,6 @@ fn untracked(tensors: &[&Tensor]) -> bool {
     !(tensors.iter().any(|t| t.requires_grad()) && grad_enabled())
 }
 
-/// Whether `tensors` are float32 CPU tensors that autograd does not track ([`untracked`]):
-/// where the CPU's inference shortcuts (this kernel, `RmsNorm`'s fused op) apply.
-pub(crate) fn untracked_f32_on_cpu(tensors: &[&Tensor]) -> bool {
-    // host: tests where the tensors are; makes nothing.
-    tensors.iter().all(|t| t.device() == Device::Cpu && t.kind() == Kind::Float) && untracked(tensors)
-}
-
 /// Whether autograd records operations here (tch keeps its own query private).
 fn grad_enabled() -> bool {
     // SAFETY: plain calls into libtorch's thread-local grad mode; the second restores the first.
