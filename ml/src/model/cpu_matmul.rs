@@ -5,10 +5,11 @@
 //! MKL product repacks each weight per call and runs its small-row kernels well below the
 //! memory's bandwidth on our CPU. Measured, one thread, SmolLM2-135M's 30 layers and LM head,
 //! weights streamed from memory (bench/model.md): MKL 186 ms per step at 8 rows, this kernel
-//! 63–68 ms; at 1 row 71 ms vs 46–55 ms, where a bare read of the weights takes 42–49 ms. The
-//! `gemm` and `matrixmultiply` crates took 128–185 ms at 8 rows (they pack too), so the kernel
-//! is ours: each weight row is read once for all rows of `x`, four weight rows at a time, with
-//! the next four prefetched.
+//! 63–68 ms (when it read one stream); at 1 row MKL 71 ms, this kernel ≈ 40 ms. The `gemm` and
+//! `matrixmultiply` crates took 128–185 ms at 8 rows (they pack too), so the kernel is ours:
+//! each weight row is read once for all rows of `x`, four weight rows at a time, taken from the
+//! four quarters of the rows so that the core reads four streams at once (a plain read of the
+//! 540 MB takes 45–58 ms as one stream, 34–39 ms as four, on our CPU).
 //!
 //! Where it applies ([`linear`]): inference only (autograd off or nothing requiring grad),
 //! float32 on the CPU, contiguous weights, at most [`MAX_ROWS`] rows, a CPU with AVX2 and FMA.
