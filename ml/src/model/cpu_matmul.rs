@@ -4,9 +4,9 @@
 //! weights (540 MB for SmolLM2-135M in float32) do not stay in cache between steps. libtorch's
 //! MKL product repacks each weight per call and runs its small-row kernels well below the
 //! memory's bandwidth on our CPU. Measured, one thread, SmolLM2-135M's 30 layers and LM head,
-//! weights streamed from memory (bench/model.md): MKL 186 ms per step at 8 rows, this kernel
-//! 63–68 ms (when it read one stream); at 1 row MKL 71 ms, this kernel ≈ 40 ms. The `gemm` and
-//! `matrixmultiply` crates took 128–185 ms at 8 rows (they pack too), so the kernel is ours:
+//! weights streamed from memory (bench/model.md): MKL 170–177 ms per step at 8 rows, this kernel
+//! 49–54 ms; at 1 row MKL 70–78 ms, this kernel 29–35 ms. The `gemm` and `matrixmultiply`
+//! crates took 128–185 ms at 8 rows (they pack too), so the kernel is ours:
 //! each weight row is read once for all rows of `x`, four weight rows at a time, taken from the
 //! four quarters of the rows so that the core reads four streams at once (a plain read of the
 //! 540 MB takes 45–58 ms as one stream, 34–39 ms as four, on our CPU).
@@ -138,9 +138,9 @@ mod kernel {
     /// Weight rows `from..to` for every row of `x`. The rows are read as four streams, from
     /// four quarters of the range at once: one core's loads then keep more of memory's
     /// bandwidth busy than one sequential stream does (bench/model.md: a 1-row pass over
-    /// SmolLM2's weights 38–42 ms vs 55–66 ms for four adjacent rows with the next four
-    /// prefetched). Each output element is still one row's sum in one order, whatever the
-    /// grouping, so the results do not depend on it.
+    /// 540 MB 38–42 ms this way, 55–66 ms over adjacent rows with the next four prefetched).
+    /// Each output element is still one row's sum in one order, whatever the grouping, so the
+    /// results do not depend on it.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn rows(p: &Panel, m: usize, from: usize, to: usize) {
         let (q, m2) = ((to - from) / 4, m - m % 2);

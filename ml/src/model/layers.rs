@@ -66,8 +66,8 @@ impl RmsNorm {
             // In inference, PyTorch's fused kernel (float accumulation): one launch instead of
             // eight, which set the pace of a decode step on a GPU. Training keeps the exact ops
             // (under autograd torch 2.11's fused path gave other values: a checkpointed loss off
-            // by 4%, tests/gpu.rs), and so does the CPU, where torch 2.13's `rms_norm` is these same
-            // ops (`rms_norm_composite`, perf), no faster.
+            // by 4%, tests/gpu.rs), and so does the CPU, where torch 2.13's `rms_norm` is these
+            // same ops (`rms_norm_composite`, perf), no faster.
             let d = *x.size().last().expect("a hidden dimension");
             return x.rms_norm([d], Some(&self.weight), self.eps);
         }
