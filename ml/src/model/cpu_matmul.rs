@@ -73,14 +73,8 @@ fn applies(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<(usize,
             return None;
         }
     }
-    let operands: Vec<&Tensor> = [x, weight].into_iter().chain(bias).collect();
-    untracked(&operands).then_some((rows as usize, n as usize, k as usize))
-}
-
-/// Whether autograd leaves an operation on `tensors` unrecorded: grad mode is off, or none of
-/// them requires grad. Only then may an inference shortcut replace libtorch's op.
-fn untracked(tensors: &[&Tensor]) -> bool {
-    !(tensors.iter().any(|t| t.requires_grad()) && grad_enabled())
+    let tracked = x.requires_grad() || weight.requires_grad() || bias.is_some_and(Tensor::requires_grad);
+    (!(tracked && grad_enabled())).then_some((rows as usize, n as usize, k as usize))
 }
 
 /// Whether autograd records operations here (tch keeps its own query private).
