@@ -6,7 +6,8 @@
 //! memory's bandwidth on our CPU. Measured, one thread, SmolLM2-135M's 30 layers and LM head,
 //! weights streamed from memory (bench/model.md): MKL 170–177 ms per step at 8 rows, this kernel
 //! 49–54 ms; at 1 row MKL 70–78 ms, this kernel 29–35 ms. The `gemm` and `matrixmultiply`
-//! crates took 128–185 ms at 8 rows (they pack too), so the kernel is ours:
+//! crates took 128–185 ms at 8 rows (they pack too), so the kernel is ours (crate
+//! `rredcot-kernels`, built optimised in test builds too):
 //! each weight row is read once for all rows of `x`, four weight rows at a time, taken from the
 //! four quarters of the rows so that the core reads four streams at once (a plain read of the
 //! 540 MB takes 45–58 ms as one stream, 34–39 ms as four, on our CPU).
@@ -36,7 +37,8 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tens
         let w = std::slice::from_raw_parts(weight.data_ptr() as *const f32, n * k);
         let b = bias.as_ref().map(|b| std::slice::from_raw_parts(b.data_ptr() as *const f32, n));
         let o = std::slice::from_raw_parts_mut(out.data_ptr() as *mut f32, m * n);
-        kernel::x_wt(m, n, k, x, w, b, o);
+        // As many threads as libtorch's own product would use.
+        rredcot_kernels::x_wt(tch::get_num_threads().max(1) as usize, m, n, k, x, w, b, o);
     }
     let mut out_shape = x.size();
     *out_shape.last_mut()? = n as i64;
@@ -47,7 +49,7 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Option<Tens
 /// not turn it off (to compare with MKL's products, bench/model.md).
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| kernel::supported() && std::env::var("RREDCOT_CPU_MATMUL").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| rredcot_kernels::supported() && std::env::var("RREDCOT_CPU_MATMUL").map_or(true, |v| v != "0"))
 }
 
 /// `(rows of x, N, K)` where the kernel applies to these operands, else `None`.
@@ -87,148 +89,6 @@ fn grad_enabled() -> bool {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod kernel {
-    use std::arch::x86_64::*;
-
-    pub fn supported() -> bool {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-
-    /// `out[j, r] = Σ_k x[j, k]·w[r, k] (+ b[r])` for `x: [m, k]`, `w: [n, k]`, `out: [m, n]`.
-    ///
-    /// The weight rows are shared out in runs of four over libtorch's intra-op threads (as many
-    /// as MKL would use), each run on rayon's pool: every output element is summed by one
-    /// thread in one order, so the result does not depend on the thread count.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA ([`supported`]); the slices have the lengths named.
-    pub unsafe fn x_wt(m: usize, n: usize, k: usize, x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
-        x_wt_on(tch::get_num_threads().max(1) as usize, m, n, k, x, w, b, out)
-    }
-
-    /// [`x_wt`] on `threads` threads.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn x_wt_on(threads: usize, m: usize, n: usize, k: usize, x: &[f32], w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
-        assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
-        assert!(b.is_none_or(|b| b.len() >= n));
-        let p = Panel { x: x.as_ptr(), w: w.as_ptr(), b: b.map(<[f32]>::as_ptr), out: out.as_mut_ptr(), n, k };
-        let per = n.div_ceil(threads).next_multiple_of(4);
-        if threads == 1 || n * k < MIN_SPLIT || per >= n {
-            return rows(&p, m, 0, n);
-        }
-        rayon::scope(|s| {
-            for start in (0..n).step_by(per) {
-                let p = &p;
-                s.spawn(move |_| rows(p, m, start, (start + per).min(n)));
-            }
-        });
-    }
-
-    /// Weights smaller than this (floats) are not split over threads: a hand-off costs more
-    /// than their product (the tiny test models').
-    const MIN_SPLIT: usize = 1 << 16;
-
-    /// Weight rows `from..to` for every row of `x`. The rows are read as four streams, from
-    /// four quarters of the range at once: one core's loads then keep more of memory's
-    /// bandwidth busy than one sequential stream does (bench/model.md: a 1-row pass over
-    /// 540 MB 38–42 ms this way, 55–66 ms over adjacent rows with the next four prefetched).
-    /// Each output element is still one row's sum in one order, whatever the grouping, so the
-    /// results do not depend on it.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows(p: &Panel, m: usize, from: usize, to: usize) {
-        let (q, m2) = ((to - from) / 4, m - m % 2);
-        for i in from..from + q {
-            let r = [i, i + q, i + 2 * q, i + 3 * q];
-            for j in (0..m2).step_by(2) {
-                p.tile::<4, 2>(r, j);
-            }
-            if m2 < m {
-                p.tile::<4, 1>(r, m2);
-            }
-        }
-        for r in from + 4 * q..to {
-            for j in (0..m2).step_by(2) {
-                p.tile::<1, 2>([r], j);
-            }
-            if m2 < m {
-                p.tile::<1, 1>([r], m2);
-            }
-        }
-    }
-
-    /// The operands as raw pointers (bounds asserted by [`x_wt`]).
-    struct Panel {
-        x: *const f32,
-        w: *const f32,
-        b: Option<*const f32>,
-        out: *mut f32,
-        n: usize,
-        k: usize,
-    }
-
-    // SAFETY: threads read `x`, `w`, `b` and write disjoint columns of `out` (their own weight
-    // rows), all alive until `rayon::scope` returns.
-    unsafe impl Sync for Panel {}
-
-    impl Panel {
-        /// Weight rows `rows` times rows `j0..j0 + J` of `x`: R·J sums of 8-wide products,
-        /// each weight vector loaded once for the J rows.
-        #[inline(always)]
-        unsafe fn tile<const R: usize, const J: usize>(&self, rows: [usize; R], j0: usize) {
-            let k = self.k;
-            let k8 = k - k % 8;
-            let mut acc = [[_mm256_setzero_ps(); J]; R];
-            for kk in (0..k8).step_by(8) {
-                let mut xv = [_mm256_setzero_ps(); J];
-                for (j, v) in xv.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(self.x.add((j0 + j) * k + kk));
-                }
-                for (&r, acc_r) in rows.iter().zip(acc.iter_mut()) {
-                    let wv = _mm256_loadu_ps(self.w.add(r * k + kk));
-                    for (a, v) in acc_r.iter_mut().zip(&xv) {
-                        *a = _mm256_fmadd_ps(wv, *v, *a);
-                    }
-                }
-            }
-            for (&r, acc_r) in rows.iter().zip(&acc) {
-                for (j, a) in acc_r.iter().enumerate() {
-                    let mut s = horizontal_sum(*a);
-                    for t in k8..k {
-                        s += *self.x.add((j0 + j) * k + t) * *self.w.add(r * k + t);
-                    }
-                    if let Some(b) = self.b {
-                        s += *b.add(r);
-                    }
-                    *self.out.add((j0 + j) * self.n + r) = s;
-                }
-            }
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn horizontal_sum(a: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-    }
-}
-
-/// Other CPUs keep libtorch's product.
-#[cfg(not(target_arch = "x86_64"))]
-mod kernel {
-    pub fn supported() -> bool {
-        false
-    }
-    pub unsafe fn x_wt(_: usize, _: usize, _: usize, _: &[f32], _: &[f32], _: Option<&[f32]>, _: &mut [f32]) {
-        unreachable!("the kernel is not built for this CPU")
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn x_wt_on(_: usize, _: usize, _: usize, _: usize, _: &[f32], _: &[f32], _: Option<&[f32]>, _: &mut [f32]) {
-        unreachable!("the kernel is not built for this CPU")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,7 +103,7 @@ mod tests {
     /// product in float64.
     #[test]
     fn few_row_products_equal_libtorchs() {
-        if !kernel::supported() {
+        if !rredcot_kernels::supported() {
             eprintln!("SKIP: this CPU has no AVX2/FMA; the kernel is not used");
             return;
         }
@@ -264,29 +124,6 @@ mod tests {
             }
         }
         assert_eq!(checked, 12);
-    }
-
-    /// Split over threads, every output element is the one-thread kernel's, bit for bit.
-    #[test]
-    fn the_thread_count_does_not_change_the_result() {
-        if !kernel::supported() {
-            eprintln!("SKIP: this CPU has no AVX2/FMA; the kernel is not used");
-            return;
-        }
-        let (m, n, k) = (3usize, 1030usize, 200usize);
-        let x = Vec::<f32>::try_from(randn(&[(m * k) as i64], 5)).unwrap();
-        let w = Vec::<f32>::try_from(randn(&[(n * k) as i64], 6)).unwrap();
-        let b = Vec::<f32>::try_from(randn(&[n as i64], 7)).unwrap();
-        let run = |threads| {
-            let mut out = vec![f32::NAN; m * n];
-            unsafe { kernel::x_wt_on(threads, m, n, k, &x, &w, Some(&b), &mut out) };
-            out
-        };
-        let one = run(1);
-        assert!(one.iter().all(|v| v.is_finite()));
-        for threads in [2, 3, 7] {
-            assert!(run(threads).iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
-        }
     }
 
     /// It stays out of training (autograd needs libtorch's op), of float64 and of many rows.
