@@ -63,9 +63,13 @@ run: build
 	./target/release/rredcot --store $(STORE) pipeline run pipelines/quickstart.toml
 	./target/release/rredcot --store $(STORE) report pipelines/quickstart.toml --out reports/quickstart
 
+# Tests run two at a time, and each starts stage processes with libtorch's 2 threads, so the
+# cores are oversubscribed; OpenMP's threads spin when they wait (its active default) and take
+# the cores from the threads with work. Passive waiting changes no result (the same threads and
+# partitions): analysis_pipelines took 88 s with spinning, 39 s without, on a 2-core machine.
 test: $(TORCH_STAMP) $(TEST_STAMP)
 	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2
+	OMP_WAIT_POLICY=PASSIVE $(CARGO) test --workspace --no-fail-fast -- --test-threads=2
 
 # CUDA checks (issue 17; on a GPU host without cargo: bench/gpu_bundle.sh here, bench/gpu_tests.sh
 # there): tests/gpu.rs (AdamW restore on CUDA, CPU/GPU agreement of logits,
