@@ -122,8 +122,9 @@ quickstart() {
   local t0=$EPOCHREALTIME
   # QS_TIMEOUT (seconds, default none): a run cut short is written as null.
   local limit=(timeout "${QS_TIMEOUT:-0}")
+  # --json: the summary names each stage's record, whose wall_s quickstart_stage_wall_s keeps.
   if run --pinned rredcot-worker --store "$TMP/store-$1" pipeline run pipelines/quickstart.toml \
-      --until grpo.eval[1] --until rredcot.eval[1] "${sets[@]}" >/dev/null; then
+      --until grpo.eval[1] --until rredcot.eval[1] "${sets[@]}" --json >"$TMP/quickstart-$1.json"; then
     $PY -c "print($EPOCHREALTIME - $t0)"
   else
     echo null
@@ -136,9 +137,24 @@ fi
 
 mkdir -p bench/results
 $PY - "$TMP/ours.json" "$TMP/transformers.json" "$CPU_S" "$GPU_S" "${#pin[@]}" "$TMP/train.json" \
-    "$TMP/table2.json" "$parts" <<'PYEOF'
+    "$TMP/table2.json" "$parts" "$TMP" <<'PYEOF'
 import datetime, json, os, sys
 ours, theirs = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+def stage_walls(device):
+    """Each stage's wall_s in the quickstart run on `device` (its fresh store's run records)."""
+    summary = os.path.join(sys.argv[9], f"quickstart-{device}.json")
+    try:
+        keys = json.load(open(summary))["keys"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    store = os.path.join(sys.argv[9], f"store-{device}", "instances")
+    walls = {}
+    for stage, key in keys.items():
+        try:
+            walls[stage] = json.load(open(os.path.join(store, key, "run.json")))["wall_s"]
+        except (OSError, ValueError, KeyError):
+            walls[stage] = None
+    return walls
 num = lambda x: None if x == "null" else float(x)
 cpu_s, gpu_s, pinned = num(sys.argv[3]), num(sys.argv[4]), sys.argv[5] != "0"
 train, table2, parts = json.load(open(sys.argv[6])), json.load(open(sys.argv[7])), sys.argv[8].split()
@@ -165,6 +181,9 @@ if "decode" in parts:
     measured["decode"] = stamp
 if "quickstart" in parts:
     res["quickstart_cpu_s"], res["quickstart_gpu_s"] = cpu_s, gpu_s
+    # Per stage, to tell a GPU's fixed costs (process start, CUDA context) from its compute.
+    cpu_w, gpu_w = stage_walls("cpu"), stage_walls("cuda")
+    res["quickstart_stage_wall_s"] = {st: {"cpu": cpu_w.get(st), "cuda": gpu_w.get(st)} for st in sorted(set(cpu_w) | set(gpu_w))}
     res["quickstart_gpu_over_cpu_time_ratio"] = gpu_s / cpu_s if cpu_s and gpu_s else None
     res["quickstart_note"] = ("shortened quickstart (tests/gpu.rs's sizes), fresh store per device, "
                               + ("both runs pinned to cores 0,1" if pinned else "not pinned: no taskset"))
