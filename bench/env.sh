@@ -38,3 +38,15 @@ params = { steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_h
 TOML
   printf '[[stage]]\nname = "builtin"\nuses = "rollout"\n%s }\n' "$ROLL"
 }
+# QS_SETS: the --set arguments of the shortened quickstart (tests/gpu.rs's sizes: two steps per
+# method, 16 stages, seconds each) with its ML stages on device $1.
+short_quickstart_sets() {
+  QS_SETS=()
+  local s
+  for s in taskgen.n_train=300 taskgen.n_eval=20 taskgen.max_steps=2 sft.steps=40 sft.batch_size=8 \
+           sft.layers=2 sft.hidden=64 sft.heads=2 sft.kv_heads=1 sft.intermediate=128 sft.eval_n=4 \
+           sft.eval_max_new_tokens=16 grpo.repeat=2 rredcot.repeat=2; do QS_SETS+=(--set "$s"); done
+  for s in grpo.rollout rredcot.rollout grpo.update rredcot.update grpo.eval rredcot.eval rredcot.score sft; do
+    QS_SETS+=(--set "$s.device=$1")
+  done
+}

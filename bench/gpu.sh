@@ -111,20 +111,18 @@ has train && {
 } >"$TMP/train.json"
 
 # The shortened quickstart (as tests/gpu.rs runs it) on each device, timed from a fresh store.
+# `quickstart DEVICE [fresh]`: with `fresh`, a process per stage (--fresh-processes) instead of the
+# warm stage processes, whose difference is the per-process start (libtorch, CUDA context).
 quickstart() {
-  local sets=() s
-  for s in taskgen.n_train=300 taskgen.n_eval=20 taskgen.max_steps=2 sft.steps=40 sft.batch_size=8 \
-           sft.layers=2 sft.hidden=64 sft.heads=2 sft.kv_heads=1 sft.intermediate=128 sft.eval_n=4 \
-           sft.eval_max_new_tokens=16 grpo.repeat=2 rredcot.repeat=2; do sets+=(--set "$s"); done
-  for s in grpo.rollout rredcot.rollout grpo.update rredcot.update grpo.eval rredcot.eval rredcot.score sft; do
-    sets+=(--set "$s.device=$1")
-  done
+  local name=$1 extra=()
+  if [ "${2:-}" = fresh ]; then name=$1-fresh extra=(--fresh-processes); fi
+  short_quickstart_sets "$1"
   local t0=$EPOCHREALTIME
   # QS_TIMEOUT (seconds, default none): a run cut short is written as null.
   local limit=(timeout "${QS_TIMEOUT:-0}")
   # --json: the summary names each stage's record, whose wall_s quickstart_stage_wall_s keeps.
-  if run --pinned rredcot-worker --store "$TMP/store-$1" pipeline run pipelines/quickstart.toml \
-      --until grpo.eval[1] --until rredcot.eval[1] "${sets[@]}" --json >"$TMP/quickstart-$1.json"; then
+  if run --pinned rredcot-worker --store "$TMP/store-$name" pipeline run pipelines/quickstart.toml \
+      --until grpo.eval[1] --until rredcot.eval[1] "${QS_SETS[@]}" "${extra[@]}" --json >"$TMP/quickstart-$name.json"; then
     $PY -c "print($EPOCHREALTIME - $t0)"
   else
     echo null
@@ -133,11 +131,13 @@ quickstart() {
 if has quickstart; then
   CPU_S=$(quickstart cpu)
   GPU_S=$(quickstart cuda)
+  CPU_FRESH_S=$(quickstart cpu fresh)
+  GPU_FRESH_S=$(quickstart cuda fresh)
 fi
 
 mkdir -p bench/results
 $PY - "$TMP/ours.json" "$TMP/transformers.json" "$CPU_S" "$GPU_S" "${#pin[@]}" "$TMP/train.json" \
-    "$TMP/table2.json" "$parts" "$TMP" <<'PYEOF'
+    "$TMP/table2.json" "$parts" "$TMP" "${CPU_FRESH_S:-null}" "${GPU_FRESH_S:-null}" <<'PYEOF'
 import datetime, json, os, sys
 ours, theirs = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 def stage_walls(device):
@@ -185,6 +185,8 @@ if "quickstart" in parts:
     cpu_w, gpu_w = stage_walls("cpu"), stage_walls("cuda")
     res["quickstart_stage_wall_s"] = {st: {"cpu": cpu_w.get(st), "cuda": gpu_w.get(st)} for st in sorted(set(cpu_w) | set(gpu_w))}
     res["quickstart_gpu_over_cpu_time_ratio"] = gpu_s / cpu_s if cpu_s and gpu_s else None
+    # The same runs with a process per stage (`--fresh-processes`): what warm processes save.
+    res["quickstart_cpu_fresh_processes_s"], res["quickstart_gpu_fresh_processes_s"] = num(sys.argv[10]), num(sys.argv[11])
     res["quickstart_note"] = ("shortened quickstart (tests/gpu.rs's sizes), fresh store per device, "
                               + ("both runs pinned to cores 0,1" if pinned else "not pinned: no taskset"))
     measured["quickstart"] = stamp

@@ -145,6 +145,11 @@ enum PipelineCmd {
         /// Print the run summary as JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// Start a new process for every stage instance. By default the local executor runs
+        /// builtin stages in warm processes that take one instance after another, so the worker
+        /// loads libtorch (and, on a GPU, CUDA) once, not once per stage.
+        #[arg(long)]
+        fresh_processes: bool,
     },
     /// Which instances are cached, stale or missing, and why.
     Status {
@@ -176,6 +181,10 @@ enum StageCmd {
         #[arg(long)]
         force: bool,
     },
+    /// Run the instances named on stdin (`exec [--force] KEY` lines) one after another in this
+    /// process: what the local executor's warm processes run.
+    #[command(hide = true)]
+    Serve,
 }
 
 #[derive(Subcommand)]
@@ -223,10 +232,7 @@ pub fn main(rt: &Runtime, serve: Option<ServeFn>) -> i32 {
         Err(e) => {
             eprintln!("error: {e:#}");
             // A `stage exec` stopped by SIGINT/SIGTERM says so in its exit code (128 + signal).
-            match e.downcast_ref::<EngineError>() {
-                Some(EngineError::Interrupted { signal, .. }) => 128 + signal,
-                _ => 1,
-            }
+            e.downcast_ref::<EngineError>().map_or(1, EngineError::exit_code)
         }
     }
 }
@@ -273,6 +279,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             profile,
             keep_going,
             json,
+            fresh_processes,
         }) => {
             let p = load(&plan, rt)?;
             // A dry run writes nothing, not even a new store.
@@ -316,7 +323,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             signals::install_handlers(true);
             let mut exec: Box<dyn crate::engine::runner::Executor> = match executor {
                 ExecutorKind::Local => {
-                    Box::new(LocalExecutor::new(store.clone(), Programs::of(rt), gpus > 0))
+                    Box::new(LocalExecutor::new(store.clone(), Programs::of(rt), gpus > 0).fresh_processes(fresh_processes))
                 }
                 ExecutorKind::Slurm if dry_run => {
                     Box::new(LocalExecutor::new(store.clone(), Programs::of(rt), false))
@@ -410,22 +417,14 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             // are passed on to its process group and nothing is committed.
             signals::install_handlers(false);
             match exec_instance(&store, &key, rt, force)? {
-                ExecOutcome::Ran(rec) => {
-                    eprintln!(
-                        "committed {} ({}) in {:.2}s",
-                        rec.stage,
-                        short(&rec.key),
-                        rec.wall_s
-                    );
-                    Ok(0)
-                }
-                ExecOutcome::AlreadyDone(rec) => {
-                    eprintln!("{} ({}) is already committed", rec.stage, short(&rec.key));
-                    Ok(0)
-                }
                 ExecOutcome::NeedsWorker(w) => exec_worker(w),
+                done => {
+                    eprintln!("{}", done.summary());
+                    Ok(0)
+                }
             }
         }
+        Cmd::Stage(StageCmd::Serve) => Ok(crate::engine::warm::serve(&Store::open(&root)?, rt)?),
         Cmd::Artifact(ArtifactCmd::Show { what, rows }) => {
             show(&root, &what, rows)?;
             Ok(0)

@@ -94,3 +94,14 @@ impl<T> IoContext<T> for std::io::Result<T> {
         })
     }
 }
+
+impl EngineError {
+    /// What `stage exec` exits with after this error: 128 + the signal when a termination signal
+    /// stopped it, else 1.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            EngineError::Interrupted { signal, .. } => 128 + signal,
+            _ => 1,
+        }
+    }
+}

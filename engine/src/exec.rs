@@ -38,6 +38,17 @@ pub enum ExecOutcome {
     NeedsWorker(PathBuf),
 }
 
+impl ExecOutcome {
+    /// The line `stage exec` prints when it is done.
+    pub fn summary(&self) -> String {
+        match self {
+            ExecOutcome::Ran(rec) => format!("committed {} ({}) in {:.2}s", rec.stage, short(&rec.key), rec.wall_s),
+            ExecOutcome::AlreadyDone(rec) => format!("{} ({}) is already committed", rec.stage, short(&rec.key)),
+            ExecOutcome::NeedsWorker(w) => format!("runs in {}", w.display()),
+        }
+    }
+}
+
 pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Result<ExecOutcome> {
     let programs = Programs::of(rt);
     let spec = store.read_spec(key)?;
@@ -445,16 +456,28 @@ fn wait_or_interrupt(
     }
 }
 
+/// The peak resident memory of this process (since the last reset of `/proc/self/clear_refs`, see
+/// [`super::warm`]) and of its waited-for children, in MiB.
 pub fn peak_rss_mb() -> f64 {
-    let mut max_kb = 0i64;
-    for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
-        // SAFETY: getrusage writes into the zeroed struct we pass.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        if unsafe { libc::getrusage(who, &mut ru) } == 0 {
-            max_kb = max_kb.max(ru.ru_maxrss);
-        }
+    let own = own_peak_rss_kb().unwrap_or_else(|| rusage_max_kb(libc::RUSAGE_SELF));
+    own.max(rusage_max_kb(libc::RUSAGE_CHILDREN)) as f64 / 1024.0
+}
+
+fn rusage_max_kb(who: libc::c_int) -> i64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(who, &mut ru) } == 0 {
+        ru.ru_maxrss
+    } else {
+        0
     }
-    max_kb as f64 / 1024.0
+}
+
+/// `VmHWM` of `/proc/self/status` in KiB (Linux): unlike getrusage's, it can be reset.
+fn own_peak_rss_kb() -> Option<i64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 pub fn hostname() -> String {

@@ -25,6 +25,7 @@ pub mod schema;
 pub mod slurm;
 pub mod spec;
 pub mod store;
+pub mod warm;
 
 pub use context::{BuiltinFn, Progress, StageContext};
 pub use error::{EngineError, Result};

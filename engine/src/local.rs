@@ -1,5 +1,8 @@
-//! Local executor: each instance is a child process `<program> stage exec KEY` (this binary or its worker, see `programs`),
-//! so a crash, an OOM or Ctrl-C in one stage never corrupts the runner or the store.
+//! Local executor: each instance runs in a child process (this binary or its worker, see
+//! `programs`), so a crash, an OOM or Ctrl-C in one stage never corrupts the runner or the store.
+//! Builtin instances run in warm `stage serve` processes that take one instance after another
+//! (see [`super::warm`]); external commands, and everything with `--fresh-processes`, in a
+//! `<program> stage exec KEY` of their own.
 //!
 //! Each child runs in a process group of its own (see [`super::group`]): cancelling or timing out
 //! an instance signals everything it started, and the whole group dies with the runner.
@@ -17,8 +20,9 @@ use super::error::{EngineError, IoContext, Result};
 use super::programs::Programs;
 use super::group::{die_with_parent, Group};
 use super::runner::{Event, Executor};
-use super::spec::{short, InstanceSpec};
+use super::spec::{short, InstanceSpec, RunnerSpec};
 use super::store::Store;
+use super::warm::WarmProcess;
 
 /// How long a timed-out or cancelled instance may take to end after SIGTERM before SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);
@@ -31,6 +35,12 @@ pub struct LocalExecutor {
     tx: Sender<Event>,
     rx: Receiver<Event>,
     running: HashMap<String, Running>,
+    /// Run builtins in warm processes (false: a fresh process per instance).
+    reuse_processes: bool,
+    /// Warm processes waiting for an instance.
+    idle: Vec<WarmProcess>,
+    /// Warm processes running an instance, by instance key.
+    busy: HashMap<String, WarmProcess>,
 }
 
 struct Running {
@@ -55,7 +65,62 @@ impl LocalExecutor {
             tx,
             rx,
             running: HashMap::new(),
+            reuse_processes: true,
+            idle: Vec::new(),
+            busy: HashMap::new(),
         }
+    }
+
+    /// Start a fresh process for every instance, builtins included (`--fresh-processes`).
+    pub fn fresh_processes(mut self, fresh: bool) -> Self {
+        self.reuse_processes = !fresh;
+        self
+    }
+
+    /// `CUDA_VISIBLE_DEVICES` for an instance with these GPU slots (None: leave it as it is).
+    fn cuda_devices(&self, gpu_ids: &[usize]) -> Option<String> {
+        if !gpu_ids.is_empty() {
+            Some(gpu_ids.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","))
+        } else if self.has_gpus {
+            Some(String::new())
+        } else {
+            None
+        }
+    }
+
+    /// An idle warm process may keep GPU memory cached: none may be left on a GPU that another
+    /// process is about to use.
+    fn retire_idle_on(&mut self, gpu_ids: &[usize], keep: Option<(&std::path::Path, &Option<String>)>) {
+        self.idle.retain(|w| keep.is_some_and(|(p, d)| w.fits(p, d)) || !w.holds_any_of(gpu_ids));
+    }
+
+    /// Run `spec` in a warm process of `exe` with these GPUs, started if none is idle.
+    fn launch_warm(
+        &mut self,
+        spec: &InstanceSpec,
+        exe: &std::path::Path,
+        gpu_ids: &[usize],
+        force: bool,
+        log: Arc<Mutex<std::fs::File>>,
+    ) -> std::result::Result<Arc<Group>, String> {
+        let devices = self.cuda_devices(gpu_ids);
+        self.retire_idle_on(gpu_ids, Some((exe, &devices)));
+        if let Some(i) = self.idle.iter().position(|w| w.fits(exe, &devices)) {
+            let mut w = self.idle.swap_remove(i);
+            // A process that died while idle is replaced by a fresh one below.
+            if w.assign(&spec.key, force, log.clone()).is_ok() {
+                let group = w.group.clone();
+                self.busy.insert(spec.key.clone(), w);
+                return Ok(group);
+            }
+        }
+        let mut w = WarmProcess::start(exe, &self.store.root, devices, gpu_ids, self.tx.clone())
+            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        w.assign(&spec.key, force, log)
+            .map_err(|e| format!("{} ended before taking the instance: {e}", exe.display()))?;
+        let group = w.group.clone();
+        self.busy.insert(spec.key.clone(), w);
+        Ok(group)
     }
 
     /// Enforce time limits and the SIGKILL that follows an unanswered SIGTERM.
@@ -91,6 +156,20 @@ impl Executor for LocalExecutor {
         };
         let exe = self.programs.for_runner(&spec.runner).map_err(&fail)?;
         let limit = spec.resources.time_limit().map_err(&fail)?;
+        let log_path = self.store.log_path(&spec.key);
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .at(&log_path)?;
+        let log = Arc::new(Mutex::new(log));
+        let deadline = limit.map(|d| (Instant::now() + d, d, spec.resources.time.clone().unwrap_or_default()));
+        if self.reuse_processes && matches!(spec.runner, RunnerSpec::Builtin { .. }) {
+            let group = self.launch_warm(spec, &exe, gpu_ids, force, log).map_err(&fail)?;
+            self.running.insert(spec.key.clone(), Running { group, deadline, term_sent: None, timed_out: None });
+            return Ok(());
+        }
+        self.retire_idle_on(gpu_ids, None);
         let mut cmd = Command::new(&exe);
         cmd.arg("stage")
             .arg("exec")
@@ -103,30 +182,14 @@ impl Executor for LocalExecutor {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if !gpu_ids.is_empty() {
-            cmd.env(
-                "CUDA_VISIBLE_DEVICES",
-                gpu_ids
-                    .iter()
-                    .map(|g| g.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            );
-        } else if self.has_gpus {
-            cmd.env("CUDA_VISIBLE_DEVICES", "");
+        if let Some(devices) = self.cuda_devices(gpu_ids) {
+            cmd.env("CUDA_VISIBLE_DEVICES", devices);
         }
         let group = Arc::new(
             Group::new().map_err(|e| fail(format!("cannot create a process group: {e}")))?,
         );
         group.adopt(&mut cmd);
         die_with_parent(&mut cmd);
-        let log_path = self.store.log_path(&spec.key);
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .at(&log_path)?;
-        let log = Arc::new(Mutex::new(log));
         let mut child = cmd
             .spawn()
             .map_err(|e| fail(format!("cannot start {}: {e}", exe.display())))?;
@@ -134,13 +197,7 @@ impl Executor for LocalExecutor {
             spec.key.clone(),
             Running {
                 group: group.clone(),
-                deadline: limit.map(|d| {
-                    (
-                        Instant::now() + d,
-                        d,
-                        spec.resources.time.clone().unwrap_or_default(),
-                    )
-                }),
+                deadline,
                 term_sent: None,
                 timed_out: None,
             },
@@ -213,6 +270,13 @@ impl Executor for LocalExecutor {
                         *message = why;
                     }
                 }
+                // A warm process that finished its instance waits for the next; one that failed
+                // has exited (or was killed) and is let go.
+                if let Some(w) = self.busy.remove(key.as_str()) {
+                    if *ok {
+                        self.idle.push(w);
+                    }
+                }
             }
         }
         self.watch();
@@ -231,7 +295,7 @@ impl Executor for LocalExecutor {
     }
 }
 
-fn describe_exit(s: std::process::ExitStatus) -> String {
+pub(crate) fn describe_exit(s: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (s.code(), s.signal()) {
         (Some(c), _) => format!("exit code {c}"),

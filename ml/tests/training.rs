@@ -82,7 +82,11 @@ fn worker(store: &Path, p: &Path, sets: &[&str]) -> Command {
 }
 
 fn run_ok(store: &Path, p: &Path, sets: &[&str]) -> Value {
-    let out = worker(store, p, sets).output().unwrap();
+    run_ok_with(worker(store, p, sets))
+}
+
+fn run_ok_with(mut c: Command) -> Value {
+    let out = c.output().unwrap();
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -126,7 +130,11 @@ fn killed_runs_resume_to_the_uninterrupted_checkpoints_and_load_in_transformers(
     let dir = tempfile::tempdir().unwrap();
     let p = pipeline(dir.path());
     let a = dir.path().join("a");
-    let full = run_ok(&a, &p, &[]);
+    // A process per stage here; the killed and resumed runs below reuse warm stage processes, and
+    // must end at the same checkpoints.
+    let mut fresh = worker(&a, &p, &[]);
+    fresh.arg("--fresh-processes");
+    let full = run_ok_with(fresh);
     for chain in ["grpo", "rredcot"] {
         for step in 0..3 {
             let rec = record(&a, &full, &format!("{chain}.update[{step}]"));
@@ -172,7 +180,7 @@ fn killed_runs_resume_to_the_uninterrupted_checkpoints_and_load_in_transformers(
     run_and_kill_at(&b, &p, "run      rredcot.score[1]", 0);
     let resumed = run_ok(&b, &p, &[]);
     assert!(!resumed["cached"].as_array().unwrap().is_empty(), "finished steps are kept");
-    assert_eq!(final_hashes(&b, &resumed), want, "resumed run differs from the uninterrupted one");
+    assert_eq!(final_hashes(&b, &resumed), want, "resumed run (warm processes) differs from the uninterrupted one (a process per stage)");
 
     // The trained checkpoint loads in transformers with the same logits.
     let ckpt = b.join("instances").join(resumed["keys"]["rredcot.update[2]"].as_str().unwrap()).join("outputs/policy");

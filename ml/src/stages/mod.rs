@@ -40,11 +40,12 @@ pub const FULL_CATALOG: Catalog = Catalog { builtins: &[rredcot::stages::STAGES,
 
 pub const FULL_RUNTIME: Runtime = Runtime { catalog: &FULL_CATALOG, worker: rredcot::stages::WORKER, versions: rredcot::versions };
 
-/// Intra-op threads of this process (0: libtorch's default).
+/// Intra-op threads of this process (0: libtorch's default). Set by every instance, since a warm
+/// stage process (engine/src/warm.rs) keeps what the previous instance chose.
 fn use_threads(threads: i64) {
-    if threads > 0 {
-        tch::set_num_threads(threads as i32);
-    }
+    static DEFAULT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    let default = *DEFAULT.get_or_init(tch::get_num_threads);
+    tch::set_num_threads(if threads > 0 { threads as i32 } else { default });
 }
 
 /// The checkpoint wired to input `name` on `device`, in float32 whatever the stage's `dtype` (a

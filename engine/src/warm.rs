@@ -1,0 +1,343 @@
+//! Warm stage processes: one `stage serve` process runs builtin instances one after another.
+//!
+//! A fresh `stage exec` process per instance pays the program's start-up every time. For the
+//! worker that links libtorch that is ~0.8 s of libtorch's static initialisers on CPU before any
+//! stage code runs, and on a GPU the CUDA context and the lazily loaded kernels on top; short
+//! stages (a quickstart step is ~1 s) spent more time starting than working. The local executor
+//! therefore keeps finished processes and hands them the next builtin instance that runs in the
+//! same program with the same GPUs.
+//!
+//! Protocol: the runner writes `exec KEY` or `exec --force KEY` lines to the process's stdin (a
+//! socket: writing to a process that has died returns an error instead of raising SIGPIPE in the
+//! runner). The process runs each like `stage exec KEY`, with its stderr (file descriptor 2, so
+//! libtorch's own messages too) appended to the instance's log, and ends it with a
+//! `@@status done CODE` line on stdout, CODE being what `stage exec` would have exited with. After
+//! a failure it exits: a failed stage may leave the process in any state (CUDA out of memory, a
+//! half-finished graph capture), and the next instance gets a fresh process.
+//!
+//! What an instance sees is what a fresh process gives it: builtins seed their own generators and
+//! set their own thread counts, the peak RSS in its run record is reset before it starts
+//! (`/proc/self/clear_refs`), and freed heap goes back to the OS between instances.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+use super::context::{parse_progress, parse_status, ExecStatus, STATUS_PREFIX};
+use super::error::{EngineError, IoContext, Result};
+use super::exec::{exec_instance, ExecOutcome, Runtime};
+use super::group::{self as signals, die_with_parent, Group};
+use super::runner::Event;
+use super::store::Store;
+
+const DONE_WORD: &str = "done ";
+
+/// How an instance's log names the warm process that ran it (`<this> PID, instance N ...`).
+pub const SERVED_BY: &str = "warm stage process";
+
+/// One request line.
+fn request_line(key: &str, force: bool) -> String {
+    if force {
+        format!("exec --force {key}\n")
+    } else {
+        format!("exec {key}\n")
+    }
+}
+
+/// (key, force) of a request line.
+fn parse_request(line: &str) -> Option<(&str, bool)> {
+    let rest = line.trim_end().strip_prefix("exec ")?;
+    let (force, key) = match rest.strip_prefix("--force ") {
+        Some(k) => (true, k),
+        None => (false, rest),
+    };
+    (!key.is_empty() && !key.contains(char::is_whitespace)).then_some((key, force))
+}
+
+/// The exit code in a `@@status done CODE` line.
+fn parse_done(line: &str) -> Option<i32> {
+    line.strip_prefix(STATUS_PREFIX)?.strip_prefix(DONE_WORD)?.trim().parse().ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The process side: `stage serve`.
+
+/// Run the instances named on stdin until EOF or the first failure; returns the exit code.
+pub fn serve(store: &Store, rt: &Runtime) -> Result<i32> {
+    // As `stage exec`: SIGINT/SIGTERM end the process, except while an external command runs.
+    signals::install_handlers(false);
+    // Where stderr goes between instances (the runner's pipe).
+    // SAFETY: dup of our own open descriptor 2.
+    let between = unsafe { libc::dup(2) };
+    if between < 0 {
+        return Err(io_error("stage serve: dup(2)", std::io::Error::last_os_error()));
+    }
+    let stdin = std::io::stdin();
+    let mut served = 0u64;
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| io_error("stage serve: reading stdin", e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((key, force)) = parse_request(&line) else {
+            eprintln!("error: stage serve: expected `exec [--force] KEY`, got `{line}`");
+            return Ok(2);
+        };
+        let log_path = store.log_path(key);
+        let log = OpenOptions::new().create(true).append(true).open(&log_path).at(&log_path)?;
+        redirect_stderr(log.as_raw_fd());
+        served += 1;
+        // Which process ran it: a log line, so a failure can be traced to its predecessors.
+        eprintln!("{SERVED_BY} {}, instance {served} in this process", std::process::id());
+        reset_peak_rss();
+        let code = run_one(store, key, force, rt);
+        let _ = std::io::stderr().flush();
+        redirect_stderr(between);
+        drop(log);
+        release_freed_heap();
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{STATUS_PREFIX}{DONE_WORD}{code}");
+        let _ = out.flush();
+        if code != 0 {
+            return Ok(code);
+        }
+    }
+    Ok(0)
+}
+
+/// One instance, reported on stderr as `stage exec` reports it; its exit code.
+fn run_one(store: &Store, key: &str, force: bool, rt: &Runtime) -> i32 {
+    match exec_instance(store, key, rt, force) {
+        Ok(ExecOutcome::NeedsWorker(w)) => {
+            eprintln!("error: instance {key} runs in {}, not in this process (the runner should have started that program)", w.display());
+            1
+        }
+        Ok(outcome) => {
+            eprintln!("{}", outcome.summary());
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            e.exit_code()
+        }
+    }
+}
+
+fn io_error(what: &str, error: std::io::Error) -> EngineError {
+    EngineError::Io { path: PathBuf::from(what), error }
+}
+
+fn redirect_stderr(fd: libc::c_int) {
+    // SAFETY: both descriptors are open; dup2 replaces descriptor 2 atomically.
+    unsafe { libc::dup2(fd, 2) };
+}
+
+/// Start the "peak RSS" of `/proc/self/status` (what run records report) afresh; Linux only, a
+/// no-op elsewhere (then a record shows the process's peak so far).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Give freed heap back to the OS, so an idle process holds what it uses, not its last stage's peak.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The runner side.
+
+/// A `stage serve` process of the local executor, idle or running one instance.
+pub struct WarmProcess {
+    pub group: Arc<Group>,
+    requests: UnixStream,
+    shared: Arc<Mutex<Shared>>,
+    program: PathBuf,
+    /// Its `CUDA_VISIBLE_DEVICES` (None: inherited, on a machine without GPUs).
+    cuda_devices: Option<String>,
+    gpus: Vec<usize>,
+}
+
+/// What the threads reading the process's output need to know.
+#[derive(Default)]
+struct Shared {
+    current: Option<Assigned>,
+    /// The log of the last instance: where the process's own messages between instances go.
+    last_log: Option<Arc<Mutex<File>>>,
+}
+
+struct Assigned {
+    key: String,
+    log: Arc<Mutex<File>>,
+    reused: bool,
+}
+
+impl WarmProcess {
+    /// Start `program stage serve --store ROOT`, reporting to `tx`.
+    pub fn start(
+        program: &Path,
+        store_root: &Path,
+        cuda_devices: Option<String>,
+        gpus: &[usize],
+        tx: Sender<Event>,
+    ) -> std::io::Result<WarmProcess> {
+        let (requests, theirs) = UnixStream::pair()?;
+        let mut cmd = Command::new(program);
+        cmd.arg("stage")
+            .arg("serve")
+            .arg("--store")
+            .arg(store_root)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(d) = &cuda_devices {
+            cmd.env("CUDA_VISIBLE_DEVICES", d);
+        }
+        let group = Arc::new(Group::new()?);
+        group.adopt(&mut cmd);
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn()?;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let stderr = child.stderr.take().expect("piped");
+        let err_shared = shared.clone();
+        let err_thread = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                let log = {
+                    let s = err_shared.lock().expect("warm process state");
+                    s.current.as_ref().map(|a| a.log.clone()).or_else(|| s.last_log.clone())
+                };
+                match log {
+                    Some(log) => {
+                        let _ = writeln!(log.lock().expect("log"), "{line}");
+                    }
+                    None => tracing::warn!("stage process: {line}"),
+                }
+            }
+        });
+        let stdout = child.stdout.take().expect("piped");
+        let out_shared = shared.clone();
+        let out_group = group.clone();
+        std::thread::spawn(move || read_reports(stdout, child, err_thread, out_shared, out_group, tx));
+        Ok(WarmProcess { group, requests, shared, program: program.to_path_buf(), cuda_devices, gpus: gpus.to_vec() })
+    }
+
+    /// Whether it runs `program` with these GPUs.
+    pub fn fits(&self, program: &Path, cuda_devices: &Option<String>) -> bool {
+        self.program == program && &self.cuda_devices == cuda_devices
+    }
+
+    /// Whether it may hold memory on one of `gpus`.
+    pub fn holds_any_of(&self, gpus: &[usize]) -> bool {
+        self.gpus.iter().any(|g| gpus.contains(g))
+    }
+
+    /// Hand it an instance whose output lines go to `log`; an error when the process is gone.
+    pub fn assign(&mut self, key: &str, force: bool, log: Arc<Mutex<File>>) -> std::io::Result<()> {
+        {
+            let mut s = self.shared.lock().expect("warm process state");
+            s.last_log = Some(log.clone());
+            s.current = Some(Assigned { key: key.to_string(), log, reused: false });
+        }
+        let line = request_line(key, force);
+        let sent = send_all(&self.requests, line.as_bytes());
+        if sent.is_err() {
+            self.shared.lock().expect("warm process state").current = None;
+        }
+        sent
+    }
+}
+
+/// `send` with MSG_NOSIGNAL: a dead reader gives EPIPE, not a SIGPIPE that would end the runner.
+fn send_all(sock: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: sends from a live buffer on our own socket.
+        let n = unsafe { libc::send(sock.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// The stdout thread of a warm process: progress and status of the current instance, its end,
+/// and, when the process ends, the failure of the instance it was running.
+fn read_reports(
+    stdout: std::process::ChildStdout,
+    mut child: Child,
+    err_thread: std::thread::JoinHandle<()>,
+    shared: Arc<Mutex<Shared>>,
+    group: Arc<Group>,
+    tx: Sender<Event>,
+) {
+    for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+        let mut s = shared.lock().expect("warm process state");
+        if let Some(code) = parse_done(&line) {
+            if let Some(a) = s.current.take() {
+                let message = if code == 0 { String::new() } else { format!("exit code {code}") };
+                let _ = tx.send(Event::Finished { key: a.key, ok: code == 0, message, reused: a.reused });
+            }
+            continue;
+        }
+        let Some(a) = s.current.as_mut() else {
+            if let Some(log) = &s.last_log {
+                let _ = writeln!(log.lock().expect("log"), "{line}");
+            }
+            continue;
+        };
+        if let Some((pos, len, message)) = parse_progress(&line) {
+            let _ = tx.send(Event::Progress { key: a.key.clone(), pos, len, message });
+        } else if let Some(st) = parse_status(&line) {
+            match st {
+                ExecStatus::Waiting => {
+                    let _ = tx.send(Event::Waiting { key: a.key.clone() });
+                }
+                ExecStatus::Reused => a.reused = true,
+            }
+        } else {
+            let _ = writeln!(a.log.lock().expect("log"), "{line}");
+        }
+    }
+    let _ = err_thread.join();
+    let status = child.wait();
+    drop(group);
+    if let Some(a) = shared.lock().expect("warm process state").current.take() {
+        let message = match status {
+            Ok(s) if s.success() => "the stage process ended before finishing the instance".to_string(),
+            Ok(s) => super::local::describe_exit(s),
+            Err(e) => e.to_string(),
+        };
+        let _ = tx.send(Event::Finished { key: a.key, ok: false, message, reused: false });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_ends_read_back() {
+        assert_eq!(parse_request(&request_line("abc123", false)), Some(("abc123", false)));
+        assert_eq!(parse_request(&request_line("abc123", true)), Some(("abc123", true)));
+        assert_eq!(parse_request("exec "), None);
+        assert_eq!(parse_request("exec a b"), None);
+        assert_eq!(parse_request("run abc"), None);
+        assert_eq!(parse_done(&format!("{STATUS_PREFIX}{DONE_WORD}0")), Some(0));
+        assert_eq!(parse_done(&format!("{STATUS_PREFIX}{DONE_WORD}137")), Some(137));
+        assert_eq!(parse_done(&format!("{STATUS_PREFIX}reused")), None);
+        // A done line is not a status the cold path would misread.
+        assert_eq!(parse_status(&format!("{STATUS_PREFIX}{DONE_WORD}0")), None);
+    }
+}
