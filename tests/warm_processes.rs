@@ -78,6 +78,36 @@ fn builtins_run_in_turn_in_one_process_and_give_what_fresh_processes_give() {
 }
 
 #[test]
+fn rredcot_warm_max_instances_bounds_what_one_process_runs() {
+    let p = Project::new();
+    let pl = p.pipeline("demo", DEMO);
+    let out = p.cmd(&["pipeline", "run", pl.to_str().unwrap(), "-j", "1", "--json"]).env("RREDCOT_WARM_MAX_INSTANCES", "3").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let by = processes(&p, &s);
+    let mut per_process: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for v in by.values() {
+        let (pid, n) = v.expect("a warm process ran it");
+        per_process.entry(pid).or_default().push(n);
+    }
+    // 10 instances, 3 per process: 4 processes, each numbered from 1, none lost on the way.
+    assert_eq!(per_process.len(), 4, "{by:?}");
+    for ns in per_process.values_mut() {
+        ns.sort();
+        assert_eq!(ns[0], 1, "{by:?}");
+        assert!(ns.len() <= 3 && ns.windows(2).all(|w| w[1] == w[0] + 1), "{by:?}");
+    }
+
+    let q = Project::new();
+    let pl = q.pipeline("demo", DEMO);
+    let out = q.cmd(&["pipeline", "run", pl.to_str().unwrap()]).env("RREDCOT_WARM_MAX_INSTANCES", "none").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("RREDCOT_WARM_MAX_INSTANCES = `none`: expected a whole number"), "{err}");
+    assert!(q.committed().is_empty());
+}
+
+#[test]
 fn a_failed_instance_retires_its_process_and_the_next_gets_a_fresh_one() {
     let p = Project::new();
     // `over` writes infinities (x * 1e308 * 10), which `fail` refuses to read; the chain a2..a6

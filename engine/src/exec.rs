@@ -29,6 +29,15 @@ pub struct Runtime {
     pub worker: &'static str,
     /// The application's version and those of the libraries that shape results (run records).
     pub versions: fn() -> BTreeMap<String, String>,
+    /// Called in a warm stage process after each instance that succeeded: whether the process
+    /// may take another (false: it ends, and the next instance gets a fresh process), see
+    /// [`super::warm`].
+    pub after_instance: fn() -> bool,
+}
+
+/// [`Runtime::after_instance`] of an application whose processes hold nothing between instances.
+pub fn keep_serving() -> bool {
+    true
 }
 
 pub enum ExecOutcome {

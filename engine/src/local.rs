@@ -271,9 +271,9 @@ impl Executor for LocalExecutor {
                     }
                 }
                 // A warm process that finished its instance waits for the next; one that failed
-                // has exited (or was killed) and is let go.
+                // or said it ends has exited (or was killed) and is let go.
                 if let Some(w) = self.busy.remove(key.as_str()) {
-                    if *ok {
+                    if *ok && w.serves_more() {
                         self.idle.push(w);
                     }
                 }

@@ -80,6 +80,7 @@ mod tests {
         catalog: &Catalog { builtins: &[&[LIGHT]], worker_builtins: &[], schemas: &[] },
         worker: "the-worker",
         versions: std::collections::BTreeMap::new,
+        after_instance: crate::exec::keep_serving,
     };
 
     fn builtin(name: &str, in_worker: bool) -> RunnerSpec {

@@ -825,7 +825,7 @@ mod tests {
             store: Store {
                 root: "/shared/store".into(),
             },
-            programs: Programs::at("/bin/rredcot".into(), &crate::Runtime { catalog: &crate::catalog::EMPTY, worker: "worker", versions: BTreeMap::new }),
+            programs: Programs::at("/bin/rredcot".into(), &crate::Runtime { catalog: &crate::catalog::EMPTY, worker: "worker", versions: BTreeMap::new, after_instance: crate::exec::keep_serving }),
             workdir: "/work".into(),
             profile,
             pending: Vec::new(),

@@ -11,9 +11,12 @@
 //! socket: writing to a process that has died returns an error instead of raising SIGPIPE in the
 //! runner). The process runs each like `stage exec KEY`, with its stderr (file descriptor 2, so
 //! libtorch's own messages too) appended to the instance's log, and ends it with a
-//! `@@status done CODE` line on stdout, CODE being what `stage exec` would have exited with. After
-//! a failure it exits: a failed stage may leave the process in any state (CUDA out of memory, a
-//! half-finished graph capture), and the next instance gets a fresh process.
+//! `@@status done CODE` line on stdout, CODE being what `stage exec` would have exited with, or
+//! `@@status done CODE last` when it ends after this one. It ends after a failure (a failed stage
+//! may leave the process in any state: CUDA out of memory, a half-finished graph capture), when
+//! the application's [`Runtime::after_instance`] says so (the ML worker cannot give back GPU memory
+//! in a build without its CUDA shim), and after `RREDCOT_WARM_MAX_INSTANCES` instances (default:
+//! no limit). The next instance then gets a fresh process.
 //!
 //! What an instance sees is what a fresh process gives it: builtins seed their own generators and
 //! set their own thread counts, the peak RSS in its run record is reset before it starts
@@ -59,9 +62,29 @@ fn parse_request(line: &str) -> Option<(&str, bool)> {
     (!key.is_empty() && !key.contains(char::is_whitespace)).then_some((key, force))
 }
 
-/// The exit code in a `@@status done CODE` line.
-fn parse_done(line: &str) -> Option<i32> {
-    line.strip_prefix(STATUS_PREFIX)?.strip_prefix(DONE_WORD)?.trim().parse().ok()
+const LAST_WORD: &str = " last";
+
+/// The exit code in a `@@status done CODE [last]` line, and whether the process ends after it.
+fn parse_done(line: &str) -> Option<(i32, bool)> {
+    let rest = line.strip_prefix(STATUS_PREFIX)?.strip_prefix(DONE_WORD)?.trim();
+    let (code, last) = match rest.strip_suffix(LAST_WORD) {
+        Some(c) => (c, true),
+        None => (rest, false),
+    };
+    Some((code.trim().parse().ok()?, last))
+}
+
+/// `RREDCOT_WARM_MAX_INSTANCES`: how many instances one warm process runs at most.
+fn max_instances() -> std::result::Result<u64, String> {
+    match std::env::var("RREDCOT_WARM_MAX_INSTANCES") {
+        Err(_) => Ok(u64::MAX),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("RREDCOT_WARM_MAX_INSTANCES = `{v}`: expected a whole number of instances, at least 1")),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -77,6 +100,13 @@ pub fn serve(store: &Store, rt: &Runtime) -> Result<i32> {
     if between < 0 {
         return Err(io_error("stage serve: dup(2)", std::io::Error::last_os_error()));
     }
+    let max = match max_instances() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("error: stage serve: {e}");
+            return Ok(2);
+        }
+    };
     let stdin = std::io::stdin();
     let mut served = 0u64;
     for line in stdin.lock().lines() {
@@ -100,10 +130,11 @@ pub fn serve(store: &Store, rt: &Runtime) -> Result<i32> {
         redirect_stderr(between);
         drop(log);
         release_freed_heap();
+        let last = code != 0 || served >= max || !(rt.after_instance)();
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{STATUS_PREFIX}{DONE_WORD}{code}");
+        let _ = writeln!(out, "{STATUS_PREFIX}{DONE_WORD}{code}{}", if last { LAST_WORD } else { "" });
         let _ = out.flush();
-        if code != 0 {
+        if last {
             return Ok(code);
         }
     }
@@ -170,6 +201,8 @@ pub struct WarmProcess {
 #[derive(Default)]
 struct Shared {
     current: Option<Assigned>,
+    /// It said its last instance was its last: it is ending.
+    ending: bool,
     /// The log of the last instance: where the process's own messages between instances go.
     last_log: Option<Arc<Mutex<File>>>,
 }
@@ -234,6 +267,11 @@ impl WarmProcess {
         self.program == program && &self.cuda_devices == cuda_devices
     }
 
+    /// Whether it takes another instance (it has not said it is ending).
+    pub fn serves_more(&self) -> bool {
+        !self.shared.lock().expect("warm process state").ending
+    }
+
     /// Whether it may hold memory on one of `gpus`.
     pub fn holds_any_of(&self, gpus: &[usize]) -> bool {
         self.gpus.iter().any(|g| gpus.contains(g))
@@ -284,7 +322,9 @@ fn read_reports(
 ) {
     for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
         let mut s = shared.lock().expect("warm process state");
-        if let Some(code) = parse_done(&line) {
+        if let Some((code, last)) = parse_done(&line) {
+            // Set before the instance's end is reported, so the executor never hands it another.
+            s.ending |= last;
             if let Some(a) = s.current.take() {
                 let message = if code == 0 { String::new() } else { format!("exit code {code}") };
                 let _ = tx.send(Event::Finished { key: a.key, ok: code == 0, message, reused: a.reused });
@@ -334,8 +374,9 @@ mod tests {
         assert_eq!(parse_request("exec "), None);
         assert_eq!(parse_request("exec a b"), None);
         assert_eq!(parse_request("run abc"), None);
-        assert_eq!(parse_done(&format!("{STATUS_PREFIX}{DONE_WORD}0")), Some(0));
-        assert_eq!(parse_done(&format!("{STATUS_PREFIX}{DONE_WORD}137")), Some(137));
+        assert_eq!(parse_done(&format!("{STATUS_PREFIX}{DONE_WORD}0")), Some((0, false)));
+        assert_eq!(parse_done(&format!("{STATUS_PREFIX}{DONE_WORD}137{LAST_WORD}")), Some((137, true)));
+        assert_eq!(parse_done(&format!("{STATUS_PREFIX}{DONE_WORD}x")), None);
         assert_eq!(parse_done(&format!("{STATUS_PREFIX}reused")), None);
         // A done line is not a status the cold path would misread.
         assert_eq!(parse_status(&format!("{STATUS_PREFIX}{DONE_WORD}0")), None);

@@ -3,6 +3,7 @@
 // Every function returns 0 on success (or a handle); on failure the message is kept for
 // rr_graph_last_error (per thread) and the caller's stream is current again.
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -97,4 +98,16 @@ void rr_graph_free(void* p) {
   }
   delete g;
 }
+}
+
+// `torch.cuda.empty_cache()`: the caching allocator's unused blocks back to the driver (a warm
+// stage process between instances, ml/src/stages/mod.rs).
+extern "C" int rr_empty_cache() {
+  try {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
 }

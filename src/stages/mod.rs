@@ -43,7 +43,7 @@ pub use worker_stages::WORKER_STAGES;
 /// What `rredcot` knows: its own builtins, the worker's by name and version, and the schemas.
 pub const CATALOG: Catalog = Catalog { builtins: &[STAGES], worker_builtins: WORKER_STAGES, schemas: crate::artifact::SCHEMAS };
 
-pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, worker: WORKER, versions: crate::versions };
+pub const LIGHT_RUNTIME: Runtime = Runtime { catalog: &CATALOG, worker: WORKER, versions: crate::versions, after_instance: crate::engine::exec::keep_serving };
 
 /// The binary that runs the stages tagged `Worker` (it links libtorch; `rredcot` does not).
 pub const WORKER: &str = "rredcot-worker";

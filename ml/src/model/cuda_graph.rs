@@ -30,6 +30,7 @@ mod ffi {
         pub fn rr_graph_replay(g: *mut c_void) -> i32;
         pub fn rr_graph_exit(g: *mut c_void) -> i32;
         pub fn rr_graph_free(g: *mut c_void);
+        pub fn rr_empty_cache() -> i32;
         fn rr_graph_last_error() -> *const c_char;
     }
 
@@ -39,6 +40,22 @@ mod ffi {
         // next failing call on this thread; it is copied at once.
         unsafe { CStr::from_ptr(rr_graph_last_error()) }.to_string_lossy().into_owned()
     }
+}
+
+/// Gives the CUDA caching allocator's unused blocks back to the driver
+/// (`torch.cuda.empty_cache()`): true when done, false in a build without the shim or on failure.
+pub fn empty_cache() -> bool {
+    #[cfg(rredcot_cuda_graphs)]
+    {
+        // SAFETY: no arguments; the shim catches every C++ exception.
+        let rc = unsafe { ffi::rr_empty_cache() };
+        if rc != 0 {
+            tracing::warn!("emptying the CUDA cache: {}", ffi::last_error());
+        }
+        rc == 0
+    }
+    #[cfg(not(rredcot_cuda_graphs))]
+    false
 }
 
 /// Runs decode steps: eagerly, or (with a graph) [`GRAPH_WARMUP`] eagerly, then one captured

@@ -38,7 +38,15 @@ pub const STAGES: &[Builtin] = &[
 /// What the worker knows: the code of every builtin, light ones included.
 pub const FULL_CATALOG: Catalog = Catalog { builtins: &[rredcot::stages::STAGES, STAGES], worker_builtins: &[], schemas: rredcot::artifact::SCHEMAS };
 
-pub const FULL_RUNTIME: Runtime = Runtime { catalog: &FULL_CATALOG, worker: rredcot::stages::WORKER, versions: rredcot::versions };
+pub const FULL_RUNTIME: Runtime = Runtime { catalog: &FULL_CATALOG, worker: rredcot::stages::WORKER, versions: rredcot::versions, after_instance };
+
+/// After an instance in a warm stage process (engine/src/warm.rs): a process that sees a GPU
+/// gives back the CUDA caching allocator's blocks, as the end of a process would, because the next
+/// instance may start an inference server on that GPU; a build without the CUDA shim cannot, so
+/// its process ends and the next instance gets a fresh one.
+fn after_instance() -> bool {
+    !tch::Cuda::is_available() || model::cuda_graph::empty_cache()
+}
 
 /// Intra-op threads of this process (0: libtorch's default). Set by every instance, since a warm
 /// stage process (engine/src/warm.rs) keeps what the previous instance chose.
