@@ -215,23 +215,7 @@ impl Executor for LocalExecutor {
         std::thread::spawn(move || {
             let mut reused = false;
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
-                if let Some((pos, len, message)) = parse_progress(&line) {
-                    let _ = tx.send(Event::Progress {
-                        key: key.clone(),
-                        pos,
-                        len,
-                        message,
-                    });
-                } else if let Some(st) = parse_status(&line) {
-                    match st {
-                        ExecStatus::Waiting => {
-                            let _ = tx.send(Event::Waiting { key: key.clone() });
-                        }
-                        ExecStatus::Reused => reused = true,
-                    }
-                } else {
-                    let _ = writeln!(log.lock().expect("log"), "{line}");
-                }
+                forward_line(&line, &key, &mut reused, &log, &tx);
             }
             let _ = err_thread.join();
             let status = child.wait();
@@ -292,6 +276,23 @@ impl Executor for LocalExecutor {
                 r.term_sent = Some(Instant::now());
             }
         }
+    }
+}
+
+/// One stdout line of the process running instance `key`: progress and waiting go to the runner,
+/// `reused` is noted, anything else goes to the instance's log.
+pub(crate) fn forward_line(line: &str, key: &str, reused: &mut bool, log: &Mutex<std::fs::File>, tx: &Sender<Event>) {
+    if let Some((pos, len, message)) = parse_progress(line) {
+        let _ = tx.send(Event::Progress { key: key.to_string(), pos, len, message });
+    } else if let Some(st) = parse_status(line) {
+        match st {
+            ExecStatus::Waiting => {
+                let _ = tx.send(Event::Waiting { key: key.to_string() });
+            }
+            ExecStatus::Reused => *reused = true,
+        }
+    } else {
+        let _ = writeln!(log.lock().expect("log"), "{line}");
     }
 }
 

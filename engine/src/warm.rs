@@ -31,7 +31,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
-use super::context::{parse_progress, parse_status, ExecStatus, STATUS_PREFIX};
+use super::context::STATUS_PREFIX;
 use super::error::{EngineError, IoContext, Result};
 use super::exec::{exec_instance, ExecOutcome, Runtime};
 use super::group::{self as signals, die_with_parent, Group};
@@ -337,18 +337,7 @@ fn read_reports(
             }
             continue;
         };
-        if let Some((pos, len, message)) = parse_progress(&line) {
-            let _ = tx.send(Event::Progress { key: a.key.clone(), pos, len, message });
-        } else if let Some(st) = parse_status(&line) {
-            match st {
-                ExecStatus::Waiting => {
-                    let _ = tx.send(Event::Waiting { key: a.key.clone() });
-                }
-                ExecStatus::Reused => a.reused = true,
-            }
-        } else {
-            let _ = writeln!(a.log.lock().expect("log"), "{line}");
-        }
+        super::local::forward_line(&line, &a.key, &mut a.reused, &a.log, &tx);
     }
     let _ = err_thread.join();
     let status = child.wait();
@@ -366,6 +355,7 @@ fn read_reports(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::context::parse_status;
 
     #[test]
     fn requests_and_ends_read_back() {
