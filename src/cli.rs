@@ -13,6 +13,7 @@ use crate::engine::group as signals;
 use crate::engine::local::LocalExecutor;
 use crate::engine::plan::{InputRef, ParamSource};
 use crate::engine::cache::why_not_cached;
+use crate::engine::file_hashes::FileHashes;
 use crate::engine::resolve::Resolver;
 use crate::engine::runner::{detect_gpus, referenced_keys, run_pipeline, RunOptions};
 use crate::engine::Programs;
@@ -556,7 +557,7 @@ fn verify_store(store: &Store) -> Result<VerifyReport> {
 fn status(p: &Plan, root: &Path) -> Result<()> {
     let store = Store::existing(root)?;
     let refs = store.read_refs(&p.name);
-    let mut resolver = Resolver::new(p);
+    let mut resolver = Resolver::new(p, FileHashes::in_store(&store.root, false));
     let mut done = vec![None; p.nodes.len()];
     let mut counts = BTreeMap::new();
     for &i in &p.order {
@@ -603,7 +604,7 @@ fn committed(
     p: &Plan,
     store: &Store,
 ) -> Result<Vec<Option<std::sync::Arc<crate::engine::record::RunRecord>>>> {
-    let mut resolver = Resolver::new(p);
+    let mut resolver = Resolver::new(p, FileHashes::in_store(&store.root, false));
     let mut done = vec![None; p.nodes.len()];
     for &i in &p.order {
         if resolver.upstream(i).iter().all(|&u| done[u].is_some()) {
@@ -715,7 +716,7 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
     // Read-only: on a store that does not exist yet, everything reads as not cached.
     let store = Store::existing(root).unwrap_or_else(|_| Store::unopened(root));
     let refs = store.read_refs(&p.name);
-    let mut resolver = Resolver::new(p);
+    let mut resolver = Resolver::new(p, FileHashes::in_store(&store.root, false));
     let mut done = vec![None; p.nodes.len()];
     for &i in &p.order {
         let ups = resolver.upstream(i);

@@ -273,3 +273,63 @@ fn a_stage_file_extending_another_keys_like_the_full_file() {
         assert!(!out.status.success() && err.contains(want), "{kind}: {err}");
     }
 }
+
+/// A large `file:` input (a checkpoint) is read in full once: its hash is remembered in the
+/// store by the file's identity and used by later runs and by `stage exec`'s input check. A
+/// rewrite that keeps its size and mtime is still seen; `RREDCOT_REHASH=1` reads it again.
+#[test]
+fn a_large_file_input_is_hashed_once_and_a_rewrite_is_still_seen() {
+    let p = Project::new();
+    let big = p.path().join("ckpt/model.bin");
+    std::fs::create_dir_all(big.parent().unwrap()).unwrap();
+    let bytes: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&big, &bytes).unwrap();
+    // Only a file left alone for 2 s before it is hashed has its hash remembered.
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    p.write(
+        "stages/checksum.toml",
+        "command = \"cksum < '{inputs.src}/model.bin' > '{outputs.out}/sum.txt'\"\n[inputs]\nsrc = \"dir\"\n[outputs]\nout = \"dir\"\n",
+    );
+    let pl = p.pipeline("ckpt", "[[stage]]\nname = \"sum\"\nuses = \"checksum\"\ninputs = { src = \"file:ckpt\" }\n");
+    let sum_of = |s: &serde_json::Value| {
+        let key = s["keys"]["sum"].as_str().unwrap().to_string();
+        let sum = std::fs::read_to_string(p.store().join("instances").join(&key).join("outputs/out/sum.txt")).unwrap();
+        (key, sum)
+    };
+    let s = p.run_ok(&pl, &[]);
+    assert_eq!(names(&s, "ran"), vec!["sum"]);
+    let (key, sum) = sum_of(&s);
+
+    // One entry, the checkpoint's (the stage's output is small: always re-hashed).
+    let entries: Vec<std::path::PathBuf> =
+        std::fs::read_dir(p.store().join("hashes")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let mut entry: serde_json::Value = serde_json::from_slice(&std::fs::read(&entries[0]).unwrap()).unwrap();
+    assert_eq!(entry["id"]["size"], 5_000_000);
+
+    // A planted hash for the same identity keys the input: the run did not read the file.
+    entry["sha256"] = serde_json::Value::String("0".repeat(64));
+    std::fs::write(&entries[0], entry.to_string()).unwrap();
+    let s = p.run_ok(&pl, &[]);
+    assert_eq!(names(&s, "ran"), vec!["sum"], "{s}");
+    assert_ne!(sum_of(&s).0, key);
+
+    // RREDCOT_REHASH=1 reads it again: the true hash, the first key, cached.
+    let out = p.cmd(&["pipeline", "run", pl.to_str().unwrap(), "--json"]).env("RREDCOT_REHASH", "1").output().unwrap();
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(names(&s, "cached"), vec!["sum"], "{s}");
+    assert_eq!(sum_of(&s).0, key);
+
+    // One byte rewritten, size and mtime kept: a new key and a new checksum.
+    let mtime = std::fs::metadata(&big).unwrap().modified().unwrap();
+    let mut changed = bytes.clone();
+    changed[2_500_000] ^= 1;
+    std::fs::write(&big, &changed).unwrap();
+    std::fs::File::options().write(true).open(&big).unwrap().set_modified(mtime).unwrap();
+    let s = p.run_ok(&pl, &[]);
+    assert_eq!(names(&s, "ran"), vec!["sum"], "{s}");
+    let (new_key, new_sum) = sum_of(&s);
+    assert_ne!(new_key, key);
+    assert_ne!(new_sum, sum);
+}

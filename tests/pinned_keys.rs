@@ -64,7 +64,7 @@ fn check_pins(name: &str, now: &Pins) {
 fn structural_keys(pipeline: &Path) -> BTreeMap<String, String> {
     let sets: Vec<SetArg> = user_files(pipeline).iter().map(|s| SetArg::parse(s).unwrap()).collect();
     let plan = load_plan(pipeline, &sets, &CATALOG).unwrap_or_else(|e| panic!("{}: {e}", pipeline.display()));
-    let mut resolver = Resolver::new(&plan);
+    let mut resolver = Resolver::new(&plan, rredcot::engine::file_hashes::FileHashes::none());
     let mut done: Vec<Option<Arc<RunRecord>>> = vec![None; plan.nodes.len()];
     let mut keys: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for &i in &plan.order {

@@ -19,6 +19,7 @@ use super::schema::Layout;
 use super::programs::Programs;
 use super::record::RunRecord;
 use super::spec::{short, InputSource, InstanceSpec, RunnerSpec};
+use super::file_hashes::FileHashes;
 use super::store::{hash_output, Store};
 
 /// What this binary can run in-process.
@@ -111,7 +112,10 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
     }
 
     // Inputs must be committed and byte-for-byte what the key was computed from: each is
-    // re-hashed here, whatever its size, so a stage never reads an input it has not checked.
+    // hashed here, whatever its size, so a stage never reads an input it has not checked. A
+    // large file's hash is remembered by its identity (inode, size, mtime, ctime: see
+    // file_hashes.rs), so a checkpoint is read in full once, not by every stage that loads it.
+    let hashes = FileHashes::in_store(&store.root, true);
     let mut inputs = BTreeMap::new();
     for (name, inp) in &spec.inputs {
         let schema = rt
@@ -142,13 +146,13 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
                 }
                 let up_schema = rt.catalog.schema(&out.schema).unwrap_or(schema);
                 let path = up_schema.output_path(&store.outputs_dir(up), output);
-                if super::store::hash_source(&path).ok().as_deref() != Some(inp.hash.as_str()) {
+                if hashes.source(&path).ok().as_deref() != Some(inp.hash.as_str()) {
                     return Err(fail(corrupt_input(store, name, up, stage, output)));
                 }
                 path
             }
             InputSource::File { path } => {
-                let h = super::store::hash_source(path)?;
+                let h = hashes.source(path)?;
                 if h != inp.hash {
                     return Err(fail(format!(
                         "input `{name}`: {} changed since planning",
@@ -258,6 +262,11 @@ pub fn exec_instance(store: &Store, key: &str, rt: &Runtime, force: bool) -> Res
         metrics: ctx.metrics.clone(),
     };
     store.commit(&tmp, &rec)?;
+    // The outputs were just hashed: the stages that read them need not read them again.
+    let out_dir = store.outputs_dir(key);
+    for f in rec.outputs.values().flat_map(|o| &o.files) {
+        hashes.written(&out_dir.join(&f.path), &f.sha256);
+    }
     Ok(ExecOutcome::Ran(Box::new(rec)))
 }
 

@@ -13,6 +13,7 @@ pub mod defs;
 mod display;
 pub mod error;
 pub mod exec;
+pub mod file_hashes;
 pub mod group;
 pub mod hash;
 pub mod local;

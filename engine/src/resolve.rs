@@ -9,7 +9,7 @@ use super::hash::sha256_file;
 use super::plan::{InputRef, Plan, Runner};
 use super::record::RunRecord;
 use super::spec::{InputSource, InputSpec, InstanceSpec, RunnerSpec};
-use super::store::hash_source;
+use super::file_hashes::FileHashes;
 
 /// A `file:` input is hashed as an artifact (manifest); a script by its raw bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,12 +22,15 @@ pub struct Resolver<'a> {
     pub plan: &'a Plan,
     /// (path, hash kind) -> hash: each source file and script is hashed once per run.
     file_hashes: HashMap<(PathBuf, HashKind), String>,
+    /// Hashes of large source files remembered across runs.
+    remembered: FileHashes,
     git_rev: Option<Option<String>>,
 }
 
 impl<'a> Resolver<'a> {
-    pub fn new(plan: &'a Plan) -> Self {
-        Resolver { plan, file_hashes: HashMap::new(), git_rev: None }
+    /// `hashes`: where large `file:` inputs' hashes are remembered ([`FileHashes::in_store`]).
+    pub fn new(plan: &'a Plan, hashes: FileHashes) -> Self {
+        Resolver { plan, file_hashes: HashMap::new(), remembered: hashes, git_rev: None }
     }
 
     /// Upstream nodes of `i` (each once).
@@ -96,7 +99,7 @@ impl<'a> Resolver<'a> {
             return Ok(h.clone());
         }
         let h = match kind {
-            HashKind::Source => hash_source(path)?,
+            HashKind::Source => self.remembered.source(path)?,
             HashKind::ScriptBytes => sha256_file(path)?,
         };
         self.file_hashes.insert((path.to_path_buf(), kind), h.clone());

@@ -15,6 +15,7 @@ use super::plan::Plan;
 use super::record::RunRecord;
 use super::cache::{lookup, why_not_cached, Lookup, Refs};
 use super::display::Ui;
+use super::file_hashes::FileHashes;
 use super::resolve::Resolver;
 use super::spec::{short, InstanceSpec};
 use super::store::Store;
@@ -198,7 +199,8 @@ struct Scheduler<'a> {
 impl<'a> Scheduler<'a> {
     fn new(plan: &'a Plan, store: &'a Store, opts: &'a RunOptions, sel: Selection) -> Scheduler<'a> {
         let n = plan.nodes.len();
-        let resolver = Resolver::new(plan);
+        // A dry run writes nothing, remembered hashes included.
+        let resolver = Resolver::new(plan, FileHashes::in_store(&store.root, !opts.dry_run));
         let ups = (0..n).map(|i| resolver.upstream(i)).collect();
         let total = sel.targets.iter().filter(|t| **t).count() as u64;
         Scheduler {
@@ -483,7 +485,7 @@ pub fn log_tail(path: &std::path::Path, n: usize) -> String {
 
 /// Every instance key a set of plans currently references (for `artifact gc`).
 pub fn referenced_keys(plan: &Plan, store: &Store) -> Result<HashSet<String>> {
-    let mut resolver = Resolver::new(plan);
+    let mut resolver = Resolver::new(plan, FileHashes::in_store(&store.root, false));
     let mut done: Vec<Option<Arc<RunRecord>>> = vec![None; plan.nodes.len()];
     let mut keys = HashSet::new();
     for &i in &plan.order {

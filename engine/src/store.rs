@@ -25,12 +25,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::{EngineError, IoContext, Result};
+use super::file_hashes::FileHashes;
 use super::hash::{manifest_hash, sha256_file};
 use super::record::{FileRecord, OutputRecord, RunRecord};
 use super::spec::InstanceSpec;
 
 /// Files up to this size are re-hashed on every cache hit; larger ones are checked by size+mtime.
-const REHASH_LIMIT: u64 = 4 << 20;
+pub(crate) const REHASH_LIMIT: u64 = 4 << 20;
 
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -58,6 +59,7 @@ impl Store {
             "logs",
             "refs",
             "quarantine",
+            "hashes",
         ] {
             fs::create_dir_all(root.join(sub)).at(root.join(sub))?;
         }
@@ -324,7 +326,7 @@ impl Store {
     }
 
     /// Removes what interrupted writers left: `tmp/<key>.<pid>/` work directories whose instance
-    /// lock is free, and `*.tmp.<pid>` files of atomic writes in `specs/` and `refs/` whose writer
+    /// lock is free, and `*.tmp.<pid>` files of atomic writes in `specs/`, `refs/` and `hashes/` whose writer
     /// is gone. A pid is only known on the host that wrote the file, so such a file must also be
     /// older than a minute (another host's write in progress is younger). Returns what it removed.
     pub fn clean_stale(&self) -> Vec<PathBuf> {
@@ -343,7 +345,7 @@ impl Store {
                 }
             }
         }
-        for sub in ["specs", "refs"] {
+        for sub in ["specs", "refs", "hashes"] {
             let Ok(entries) = fs::read_dir(self.root.join(sub)) else {
                 continue;
             };
@@ -401,7 +403,7 @@ fn mtime_ns(md: &fs::Metadata) -> i128 {
 }
 
 /// All regular files under `root` as sorted relative paths.
-fn list_files(root: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn list_files(root: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -434,16 +436,14 @@ pub fn hash_output(outputs_dir: &Path, path: &Path, schema: &str) -> Result<Outp
     } else {
         vec![None]
     };
+    let rels: Vec<PathBuf> = inner.iter().map(|w| w.as_ref().map_or_else(|| rel_base.clone(), |w| rel_base.join(w))).collect();
+    let fulls: Vec<PathBuf> = rels.iter().map(|r| outputs_dir.join(r)).collect();
+    // Nothing is remembered for files in a temp dir; the commit remembers them in place.
+    let shas = FileHashes::none().files(&fulls)?;
     let mut files = Vec::new();
     let mut pairs = Vec::new();
-    for within in inner {
-        let rel = match &within {
-            Some(w) => rel_base.join(w),
-            None => rel_base.clone(),
-        };
-        let full = outputs_dir.join(&rel);
-        let md = fs::metadata(&full).at(&full)?;
-        let sha = sha256_file(&full)?;
+    for (((within, rel), full), sha) in inner.into_iter().zip(rels).zip(&fulls).zip(shas) {
+        let md = fs::metadata(full).at(full)?;
         pairs.push((
             within
                 .map(|w| w.to_string_lossy().to_string())
@@ -464,23 +464,10 @@ pub fn hash_output(outputs_dir: &Path, path: &Path, schema: &str) -> Result<Outp
     })
 }
 
-/// Content hash of a source file or directory named by a `file:` input.
+/// Content hash of a source file or directory named by a `file:` input, every file read in
+/// full (`FileHashes::source` uses remembered hashes).
 pub fn hash_source(path: &Path) -> Result<String> {
-    if path.is_dir() {
-        let pairs = list_files(path)?
-            .into_iter()
-            .map(|rel| {
-                Ok((
-                    rel.to_string_lossy().to_string(),
-                    sha256_file(&path.join(&rel))?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(manifest_hash(&pairs))
-    } else {
-        let pairs = vec![(String::new(), sha256_file(path)?)];
-        Ok(manifest_hash(&pairs))
-    }
+    FileHashes::none().source(path)
 }
 
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
