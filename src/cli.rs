@@ -238,11 +238,15 @@ pub fn main(rt: &Runtime, serve: Option<ServeFn>) -> i32 {
     }
 }
 
+/// The store's directory, absolute: stage processes and external commands run in other working
+/// directories (a stage file's own), so a relative store (the default one too) would name
+/// another place there.
 fn store_root(cli_store: &Option<PathBuf>) -> PathBuf {
-    cli_store
+    let root = cli_store
         .clone()
         .or_else(|| std::env::var_os("RREDCOT_STORE").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(".rredcot/store"))
+        .unwrap_or_else(|| PathBuf::from(".rredcot/store"));
+    std::path::absolute(&root).unwrap_or(root)
 }
 
 fn load(args: &PlanArgs, rt: &Runtime) -> Result<Plan> {

@@ -1061,3 +1061,22 @@ fn a_pipeline_can_give_a_stage_fewer_cpus_than_its_kind() {
     let out = p.cmd(&["pipeline", "run", pl.to_str().unwrap()]).output().unwrap();
     assert!(!out.status.success() && text(&out.stderr).contains("cpu"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn a_relative_store_works_for_external_commands_run_in_their_stage_directory() {
+    let p = Project::new();
+    p.write("stages/hello.toml", "command = \"echo hi > '{outputs.out}/x.txt'\"\n[outputs]\nout = \"dir\"\n");
+    let pl = p.pipeline("rel", "[[stage]]\nname = \"hello\"\n");
+    // The default store (.rredcot/store) and one named by a relative path, from the project.
+    for store in [None, Some("relstore")] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rredcot"));
+        if let Some(s) = store {
+            cmd.args(["--store", s]);
+        }
+        let out = cmd.args(["pipeline", "run", pl.to_str().unwrap()]).current_dir(p.path()).env_remove("RREDCOT_STORE").output().unwrap();
+        assert!(out.status.success(), "{store:?}: {}", text(&out.stderr));
+        let root = p.path().join(store.unwrap_or(".rredcot/store"));
+        let hits: Vec<_> = std::fs::read_dir(root.join("instances")).unwrap().flatten().filter(|e| e.path().join("outputs/out/x.txt").is_file()).collect();
+        assert_eq!(hits.len(), 1, "{store:?}");
+    }
+}
