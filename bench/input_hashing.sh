@@ -26,12 +26,15 @@ src = "dir"
 [outputs]
 out = "dir"
 TOML
+# `role` gives each reader its own key (same kind, inputs and params would be one instance).
 cat >"$TMP/p/stages/peek.toml" <<'TOML'
 command = "ls -l '{inputs.src}' > '{outputs.out}/listing.txt'"
 [inputs]
 src = "dir"
 [outputs]
 out = "dir"
+[params]
+role = ""
 TOML
 cat >"$TMP/p/step.toml" <<TOML
 description = "input hashing bench: a training step's stages around a $SIZE_GB GB checkpoint"
@@ -42,18 +45,22 @@ inputs = { src = "file:ckpt" }
 [[stage]]
 name = "rollout"
 uses = "peek"
+params = { role = "rollout" }
 inputs = { src = "update.out" }
 [[stage]]
 name = "score"
 uses = "peek"
+params = { role = "score" }
 inputs = { src = "update.out" }
 [[stage]]
 name = "update_next"
 uses = "peek"
+params = { role = "update_next" }
 inputs = { src = "update.out" }
 [[stage]]
 name = "eval_base"
 uses = "peek"
+params = { role = "eval_base" }
 inputs = { src = "file:ckpt" }
 TOML
 # A hash is remembered only for a file left alone for 2 s before it is hashed.
