@@ -305,6 +305,20 @@ fn check_request(
     Ok(None)
 }
 
+/// How far a request is: reported after each read-back of sampled tokens (every step on the
+/// CPU, every [`sync_every`] steps on a GPU), so a stage can show a progress bar while one batch
+/// of long completions decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Rows finished (a stop, or their token budget).
+    pub rows_done: usize,
+    /// Tokens sampled so far, over all rows.
+    pub tokens: usize,
+}
+
+/// Called with each [`Progress`] of a request.
+pub type OnProgress<'a> = &'a mut dyn FnMut(Progress);
+
 /// The host side of a request: the completions so far and the stop rules.
 struct Completions<'a> {
     tokenizer: Option<&'a Tokenizer>,
@@ -312,6 +326,8 @@ struct Completions<'a> {
     stop_ids: Vec<i64>,
     max_stop_chars: usize,
     out: Vec<Generation>,
+    progress: Progress,
+    on_progress: Option<OnProgress<'a>>,
 }
 
 impl<'a> Completions<'a> {
@@ -341,12 +357,34 @@ impl<'a> Completions<'a> {
             stop_ids,
             max_stop_chars,
             out,
+            progress: Progress { rows_done: 0, tokens: 0 },
+            on_progress: None,
         }
+    }
+
+    fn observed(mut self, on_progress: Option<OnProgress<'a>>) -> Self {
+        self.on_progress = on_progress;
+        self
+    }
+
+    /// Tells the observer how far the request is (after a chunk of steps was read back).
+    fn report(&mut self) {
+        if let Some(f) = self.on_progress.as_mut() {
+            f(self.progress);
+        }
+    }
+
+    /// [`Self::push_token`], counted in the request's progress.
+    fn push(&mut self, row: usize, r: &[f64]) -> Result<bool> {
+        let finished = self.push_token(row, r)?;
+        self.progress.tokens += 1;
+        self.progress.rows_done += finished as usize;
+        Ok(finished)
     }
 
     /// Records `row`'s next sampled token (`r` = token, logprob, entropy, finite flag); true
     /// when the row is finished (a stop token or string, or `max_new_tokens` reached).
-    fn push(&mut self, row: usize, r: &[f64]) -> Result<bool> {
+    fn push_token(&mut self, row: usize, r: &[f64]) -> Result<bool> {
         let g = &mut self.out[row];
         if r[3] == 0.0 {
             return Err(ModelError::NonFinite {
@@ -450,6 +488,7 @@ fn absorb(records: &[Tensor], rows: &mut Completions, done: &mut [bool]) -> Resu
             }
         }
     }
+    rows.report();
     Ok(done.iter().all(|&d| d))
 }
 
@@ -483,27 +522,40 @@ pub fn generate(
     seeds: &[u64],
     p: &SamplingParams,
 ) -> Result<Vec<Generation>> {
+    generate_with_progress(model, tokenizer, prompts, seeds, p, None)
+}
+
+/// [`generate`], telling `on_progress` how far it is after each read-back of sampled tokens.
+pub fn generate_with_progress<'a>(
+    model: &DecoderLm,
+    tokenizer: Option<&'a Tokenizer>,
+    prompts: &[Vec<i64>],
+    seeds: &[u64],
+    p: &'a SamplingParams,
+    on_progress: Option<OnProgress<'a>>,
+) -> Result<Vec<Generation>> {
+    let rows = Completions::new(tokenizer, p, prompts.len()).observed(on_progress);
     generate_static(
         model,
-        tokenizer,
+        rows,
         prompts,
         seeds,
-        p,
         sync_every(model.device()),
         steps_on(model.device()),
     )
 }
 
-/// [`generate`], reading the sampled tokens back every `every` steps.
+/// [`generate`] into `rows` (the request's completions, tokenizer and params), reading the
+/// sampled tokens back every `every` steps.
 fn generate_static(
     model: &DecoderLm,
-    tokenizer: Option<&Tokenizer>,
+    mut rows: Completions,
     prompts: &[Vec<i64>],
     seeds: &[u64],
-    p: &SamplingParams,
     every: usize,
     steps: Steps,
 ) -> Result<Vec<Generation>> {
+    let (tokenizer, p) = (rows.tokenizer, rows.p);
     if let Some(empty) = check_request(model, tokenizer, prompts, seeds, p)? {
         return Ok(empty);
     }
@@ -525,7 +577,6 @@ fn generate_static(
         .iter()
         .map(|&s| ChaCha8Rng::seed_from_u64(s))
         .collect();
-    let mut rows = Completions::new(tokenizer, p, prompts.len());
     let mut done = vec![false; prompts.len()];
     let max_new = p.max_new_tokens;
 
@@ -646,28 +697,35 @@ pub fn generate_continuous(
     p: &SamplingParams,
     slots: usize,
 ) -> Result<Vec<Generation>> {
-    continuous(
-        model,
-        tokenizer,
-        prompts,
-        seeds,
-        p,
-        slots,
-        sync_every(model.device()),
-    )
+    generate_continuous_with_progress(model, tokenizer, prompts, seeds, p, slots, None)
 }
 
-/// [`generate_continuous`], reading the sampled tokens back (and refilling slots) every
-/// `every` steps.
-fn continuous(
+/// [`generate_continuous`], telling `on_progress` how far it is after each read-back of
+/// sampled tokens.
+pub fn generate_continuous_with_progress<'a>(
     model: &DecoderLm,
-    tokenizer: Option<&Tokenizer>,
+    tokenizer: Option<&'a Tokenizer>,
     prompts: &[Vec<i64>],
     seeds: &[u64],
-    p: &SamplingParams,
+    p: &'a SamplingParams,
+    slots: usize,
+    on_progress: Option<OnProgress<'a>>,
+) -> Result<Vec<Generation>> {
+    let rows = Completions::new(tokenizer, p, prompts.len()).observed(on_progress);
+    continuous(model, rows, prompts, seeds, slots, sync_every(model.device()))
+}
+
+/// [`generate_continuous`] into `rows` (the request's completions, tokenizer and params),
+/// reading the sampled tokens back (and refilling slots) every `every` steps.
+fn continuous(
+    model: &DecoderLm,
+    mut rows: Completions,
+    prompts: &[Vec<i64>],
+    seeds: &[u64],
     slots: usize,
     every: usize,
 ) -> Result<Vec<Generation>> {
+    let (tokenizer, p) = (rows.tokenizer, rows.p);
     if let Some(empty) = check_request(model, tokenizer, prompts, seeds, p)? {
         return Ok(empty);
     }
@@ -683,7 +741,6 @@ fn continuous(
         .iter()
         .map(|&s| ChaCha8Rng::seed_from_u64(s))
         .collect();
-    let mut rows = Completions::new(tokenizer, p, prompts.len());
     // Which prompt each slot decodes, and the cache column of its next token.
     let mut occupant: Vec<Option<usize>> = vec![None; n_slots];
     let mut column = vec![0i64; n_slots];
@@ -760,6 +817,7 @@ fn continuous(
                         }
                     }
                 }
+                rows.report();
             }
             for s in 0..n_slots {
                 if occupant[s].is_none() && waiting < prompts.len() {
@@ -1013,9 +1071,9 @@ mod tests {
                     .iter()
                     .any(|g| g.finish_reason == FinishReason::Length));
                 for every in [1, 3, 16] {
-                    let now = generate_static(&m, None, &prompts, &seeds, &p, every, Steps::Eager).unwrap();
+                    let now = generate_static(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, every, Steps::Eager).unwrap();
                     assert_eq!(now, before, "{arch:?} temperature {t}, reads every {every} steps");
-                    let fixed = generate_static(&m, None, &prompts, &seeds, &p, every, Steps::Static { graph: false }).unwrap();
+                    let fixed = generate_static(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, every, Steps::Static { graph: false }).unwrap();
                     for (row, (a, b)) in fixed.iter().zip(&before).enumerate() {
                         let at = format!("{arch:?} temperature {t}, reads every {every}, fixed-shape steps, row {row}");
                         assert_eq!((&a.tokens, a.finish_reason), (&b.tokens, b.finish_reason), "{at}");
@@ -1053,6 +1111,29 @@ mod tests {
     }
 
     #[test]
+    fn progress_is_reported_after_each_read_back_and_ends_at_every_row_and_token() {
+        let m = tiny_model(Arch::Qwen2, 41);
+        let (prompts, seeds) = ragged_prompts(7, m.cfg.vocab_size);
+        let p = stop_params(&m, &prompts, &seeds, &params(1.0));
+        let check = |seen: &[Progress], gens: &[Generation], what: &str| {
+            let tokens: usize = gens.iter().map(|g| g.tokens.len()).sum();
+            assert!(seen.len() > 1, "{what}: {seen:?}");
+            assert!(seen.windows(2).all(|w| w[0].rows_done <= w[1].rows_done && w[0].tokens < w[1].tokens), "{what}: {seen:?}");
+            assert_eq!(seen.last(), Some(&Progress { rows_done: prompts.len(), tokens }), "{what}");
+        };
+        let mut seen = Vec::new();
+        let gens = generate_with_progress(&m, None, &prompts, &seeds, &p, Some(&mut |x| seen.push(x))).unwrap();
+        // The CPU reads every step back: one report per step of the longest row.
+        let longest = gens.iter().map(|g| g.tokens.len()).max().unwrap();
+        assert_eq!(seen.len(), longest);
+        check(&seen, &gens, "static");
+        assert_eq!(gens, generate(&m, None, &prompts, &seeds, &p).unwrap(), "observing changes nothing");
+        let mut seen = Vec::new();
+        let gens = generate_continuous_with_progress(&m, None, &prompts, &seeds, &p, 3, Some(&mut |x| seen.push(x))).unwrap();
+        check(&seen, &gens, "continuous");
+    }
+
+    #[test]
     fn continuous_batching_gives_every_row_its_static_batch_tokens() {
         for (arch, seed) in [(Arch::Qwen2, 41), (Arch::Llama, 43)] {
             let m = tiny_model(arch, seed);
@@ -1066,7 +1147,7 @@ mod tests {
                     "rows should finish at different steps: {lens:?}"
                 );
                 for (slots, every) in [(1, 1), (2, 1), (3, 4), (0, 16)] {
-                    let cont = continuous(&m, None, &prompts, &seeds, &p, slots, every).unwrap();
+                    let cont = continuous(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, slots, every).unwrap();
                     for (row, (c, b)) in cont.iter().zip(&batch).enumerate() {
                         let at = format!("{arch:?} T={t} slots {slots} every {every} row {row}");
                         assert_eq!(c.tokens, b.tokens, "{at}");

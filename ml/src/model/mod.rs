@@ -31,7 +31,10 @@ use tch::{Device, Kind};
 pub use config::{Arch, ModelConfig};
 pub use decoder::DecoderLm;
 pub use error::{ModelError, Result};
-pub use generate::{generate, generate_continuous, prefill_completion, FinishReason, Generation, Prefilled, SamplingParams};
+pub use generate::{
+    generate, generate_continuous, generate_continuous_with_progress, generate_with_progress, prefill_completion, FinishReason,
+    Generation, Prefilled, SamplingParams,
+};
 pub use layers::KvCache;
 pub use score::{
     embedding_grad_l1, logprob, score_cuts, score_cuts_batch, score_cuts_many, score_cuts_naive, score_cuts_reusing, CutCost,

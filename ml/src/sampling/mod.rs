@@ -306,7 +306,11 @@ pub fn sample_seeded(
         }
         let prompts: Vec<Vec<i64>> = rows.iter().map(|r| r.0.to_vec()).collect();
         let seeds: Vec<u64> = rows.iter().map(|r| r.1).collect();
-        let gens = tch::no_grad(|| model::generate_continuous(model, Some(tok), &prompts, &seeds, &budget, batch_size))
+        let mut show = |x: model::generate::Progress| {
+            let rate = x.tokens as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+            progress.set(x.rows_done as u64, &format!("{label} {rate:.0} tok/s"));
+        };
+        let gens = tch::no_grad(|| model::generate_continuous_with_progress(model, Some(tok), &prompts, &seeds, &budget, batch_size, Some(&mut show)))
             .with_context(|| format!("sampling {} .. {}", name(0), name(rows.len().saturating_sub(1))))?;
         generated = gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
         out = gens;
@@ -324,7 +328,13 @@ pub fn sample_seeded(
         let prompts: Vec<Vec<i64>> = chunk.iter().map(|r| r.0.to_vec()).collect();
         let seeds: Vec<u64> = chunk.iter().map(|r| r.1).collect();
         let first = out.len();
-        let gens = tch::no_grad(|| model::generate(model, Some(tok), &prompts, &seeds, &budget))
+        // Rows finished and tokens sampled so far, within a batch too: one batch of long
+        // completions (Table 2's rollout) decodes for minutes.
+        let mut show = |x: model::generate::Progress| {
+            let rate = (generated + x.tokens as i64) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+            progress.set((first + x.rows_done) as u64, &format!("{label} {rate:.0} tok/s"));
+        };
+        let gens = tch::no_grad(|| model::generate_with_progress(model, Some(tok), &prompts, &seeds, &budget, Some(&mut show)))
             .with_context(|| format!("sampling {} .. {}", name(first), name(first + chunk.len() - 1)))?;
         generated += gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
         out.extend(gens);
