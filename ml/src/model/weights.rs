@@ -43,6 +43,11 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Converts a safetensors view to a float32 CPU tensor.
 fn to_tensor(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Tensor> {
+    Ok(host_tensor(path, name, view)?.to_kind(Kind::Float))
+}
+
+/// A safetensors view as a CPU tensor of its own dtype (float32, float16, bfloat16, float64).
+pub(crate) fn host_tensor(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Tensor> {
     let kind = match view.dtype() {
         Dtype::F32 => Kind::Float,
         Dtype::F16 => Kind::Half,
@@ -58,7 +63,7 @@ fn to_tensor(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Tensor> {
     };
     let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
     // host: `assign` copies it into the variable, on the model's device.
-    Ok(Tensor::from_data_size(view.data(), &shape, kind).to_kind(Kind::Float))
+    Ok(Tensor::from_data_size(view.data(), &shape, kind))
 }
 
 /// Copies `src` into the variable `name` of `model`, checking the shape.
@@ -88,13 +93,23 @@ pub(crate) fn assign(
         .ctx(format!("{}: copying {name}", path.display()))
 }
 
+/// A safetensors file mapped into memory: its tensors are read from the page cache as they are
+/// copied out, one at a time, so host memory never holds the whole file a second time.
+pub fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let f = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+    // SAFETY: the map is only read. Checkpoints are not written in place: the store's files never
+    // change after their commit, and a `file:` input was hashed just before the stage ran. A file
+    // truncated by another process while mapped would fault (SIGBUS) instead of failing the read.
+    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| ModelError::io(path, e))
+}
+
 /// Loads the weights of a Hugging Face checkpoint directory into `model`.
 pub fn load_safetensors_dir(model: &mut DecoderLm, dir: &Path) -> Result<()> {
     let vars = model.vs.variables();
     let tied = model.cfg.tie_word_embeddings;
     let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
     for file in safetensors_files(dir)? {
-        let bytes = std::fs::read(&file).map_err(|e| ModelError::io(&file, e))?;
+        let bytes = map_file(&file)?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
             path: file.clone(),
             msg: e.to_string(),
@@ -135,32 +150,7 @@ pub fn save_hf(model: &DecoderLm, dir: &Path) -> Result<()> {
     let vars = model.vs.variables();
     let mut names: Vec<&String> = vars.keys().collect();
     names.sort();
-    let mut owned: Vec<(String, Vec<u8>, Vec<usize>, Dtype)> = Vec::new();
-    for name in names {
-        let t = vars[name].detach().to_device(tch::Device::Cpu).contiguous();
-        let (t, dtype) = match t.kind() {
-            Kind::BFloat16 => (t, Dtype::BF16),
-            Kind::Half => (t, Dtype::F16),
-            _ => (t.to_kind(Kind::Float), Dtype::F32),
-        };
-        let numel = t.numel();
-        let mut data = vec![0u8; numel * t.kind().elt_size_in_bytes()];
-        t.f_copy_data_u8(&mut data, numel)
-            .ctx(format!("saving {name}"))?;
-        let shape = t.size().iter().map(|&d| d as usize).collect();
-        owned.push((name.clone(), data, shape, dtype));
-    }
-    let views: Vec<(String, TensorView<'_>)> = owned
-        .iter()
-        .map(|(n, d, s, dt)| {
-            TensorView::new(*dt, s.clone(), d)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| ModelError::Safetensors {
-                    path: dir.join("model.safetensors"),
-                    msg: format!("{n}: {e}"),
-                })
-        })
-        .collect::<Result<_>>()?;
+    let views: Vec<(String, HostView)> = names.into_iter().map(|n| (n.clone(), HostView::new(&vars[n]))).collect();
     let file = dir.join("model.safetensors");
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());
@@ -174,4 +164,47 @@ pub fn save_hf(model: &DecoderLm, dir: &Path) -> Result<()> {
     let text = serde_json::to_string_pretty(&model.cfg.to_hf_json()).expect("json value");
     std::fs::write(&cfg_path, text).map_err(|e| ModelError::io(&cfg_path, e))?;
     Ok(())
+}
+
+/// A tensor as safetensors writes it: its bytes are copied to the host when the writer asks for
+/// them, one tensor at a time, so saving never holds a second copy of the whole model (tch's own
+/// view does the same, but is private). bf16/f16 stay as they are, every other kind is float32.
+struct HostView {
+    tensor: Tensor,
+    dtype: Dtype,
+    shape: Vec<usize>,
+}
+
+impl HostView {
+    fn new(t: &Tensor) -> HostView {
+        let (kind, dtype) = match t.kind() {
+            Kind::BFloat16 => (Kind::BFloat16, Dtype::BF16),
+            Kind::Half => (Kind::Half, Dtype::F16),
+            _ => (Kind::Float, Dtype::F32),
+        };
+        let shape = t.size().iter().map(|&d| d as usize).collect();
+        HostView { tensor: t.detach().to_kind(kind), dtype, shape }
+    }
+}
+
+impl safetensors::View for HostView {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        let t = self.tensor.to_device(tch::Device::Cpu).contiguous();
+        let numel = t.numel();
+        let mut bytes = vec![0u8; self.data_len()];
+        t.f_copy_data_u8(&mut bytes, numel).expect("a host tensor of the view's size");
+        bytes.into()
+    }
+
+    fn data_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
+    }
 }

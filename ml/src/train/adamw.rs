@@ -57,12 +57,17 @@ impl AdamW {
         let mut opt = AdamW::new(cfg);
         opt.t = s.t;
         let moments = dir.join(MOMENTS);
-        // read_safetensors reads onto the CPU: without the move the second step on CUDA crashed.
-        let restored = Tensor::read_safetensors(&moments)
-            .with_context(|| moments.display().to_string())?
-            .into_iter()
-            .map(|(name, t)| (name, t.to_device(device).to_kind(Kind::Float)));
-        for (name, t) in restored {
+        // Mapped, each moment copied out onto `device` in turn: tch's read_safetensors read the
+        // whole file into memory and then made every tensor on the host (twice the state's size,
+        // 8 bytes per parameter each time), and left them on the CPU (the step-2 crash on CUDA).
+        let bytes = crate::model::weights::map_file(&moments)?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).with_context(|| format!("{}: not a safetensors file", moments.display()))?;
+        let restored = st.tensors().into_iter().map(|(name, view)| {
+            let t = crate::model::weights::host_tensor(&moments, &name, &view)?;
+            anyhow::Ok((name, t.to_device(device).to_kind(Kind::Float)))
+        });
+        for r in restored {
+            let (name, t) = r?;
             if let Some(p) = name.strip_prefix("m.") {
                 opt.m.insert(p.to_string(), t);
             } else if let Some(p) = name.strip_prefix("v.") {
