@@ -197,7 +197,7 @@ uses = "demo_scale"
 inputs = { table = "then2.table" }
 "#,
     );
-    let mut child = p
+    let child = p
         .cmd(&["pipeline", "run", pl.to_str().unwrap(), "-j", "1", "--keep-going", "--json"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
