@@ -11,7 +11,7 @@ use rredcot::artifact::rows::PromptRow;
 use rredcot::credit::thinking::{answer_line_start, closed_at};
 use rredcot::math::{verify_response, Verdict};
 use rredcot::engine::hash::sha256_hex;
-use rredcot::engine::StageContext;
+use rredcot::engine::{Progress, StageContext};
 use std::path::Path;
 use std::time::Instant;
 
@@ -260,6 +260,12 @@ pub fn sample_jobs(
     sample_seeded(ctx, sampler, tok, &rows, p, label, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))
 }
 
+/// Puts the bar at `rows` rows done, with the decode rate of `tokens` sampled since `t0`.
+fn show_rate(progress: &mut Progress, label: &str, rows: usize, tokens: i64, t0: Instant) {
+    let rate = tokens as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+    progress.set(rows as u64, &format!("{label} {rate:.0} tok/s"));
+}
+
 /// Samples `rows` = (prompt ids, row seed) in batches of `batch_size` rows, in order (or, with
 /// `continuous_batching`, in `batch_size` slots refilled as rows finish), and returns
 /// one generation per row (`name(i)` names row i in errors). Counts `tokens_generated` and
@@ -306,10 +312,7 @@ pub fn sample_seeded(
         }
         let prompts: Vec<Vec<i64>> = rows.iter().map(|r| r.0.to_vec()).collect();
         let seeds: Vec<u64> = rows.iter().map(|r| r.1).collect();
-        let mut show = |x: model::generate::Progress| {
-            let rate = x.tokens as f64 / t0.elapsed().as_secs_f64().max(1e-9);
-            progress.set(x.rows_done as u64, &format!("{label} {rate:.0} tok/s"));
-        };
+        let mut show = |x: model::generate::Progress| show_rate(&mut progress, label, x.rows_done, x.tokens as i64, t0);
         let gens = tch::no_grad(|| model::generate_continuous_with_progress(model, Some(tok), &prompts, &seeds, &budget, batch_size, Some(&mut show)))
             .with_context(|| format!("sampling {} .. {}", name(0), name(rows.len().saturating_sub(1))))?;
         generated = gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
@@ -331,15 +334,13 @@ pub fn sample_seeded(
         // Rows finished and tokens sampled so far, within a batch too: one batch of long
         // completions (Table 2's rollout) decodes for minutes.
         let mut show = |x: model::generate::Progress| {
-            let rate = (generated + x.tokens as i64) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
-            progress.set((first + x.rows_done) as u64, &format!("{label} {rate:.0} tok/s"));
+            show_rate(&mut progress, label, first + x.rows_done, generated + x.tokens as i64, t0)
         };
         let gens = tch::no_grad(|| model::generate_with_progress(model, Some(tok), &prompts, &seeds, &budget, Some(&mut show)))
             .with_context(|| format!("sampling {} .. {}", name(first), name(first + chunk.len() - 1)))?;
         generated += gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
         out.extend(gens);
-        let rate = generated as f64 / t0.elapsed().as_secs_f64().max(1e-9);
-        progress.set(out.len() as u64, &format!("{label} {rate:.0} tok/s"));
+        show_rate(&mut progress, label, out.len(), generated, t0);
     }
     progress.finish();
     ctx.count("tokens_generated", generated);
