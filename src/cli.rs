@@ -485,6 +485,14 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                 keep.len(),
                 if dry_run { "would remove" } else { "removed" }
             );
+            // After the instances: their outputs' remembered hashes go with them.
+            let hashes = FileHashes::prune(&store.root, dry_run)?;
+            println!(
+                "gc: remembered hashes of large files: kept {}, {} {} (their file is gone or changed)",
+                hashes.kept,
+                if dry_run { "would remove" } else { "removed" },
+                hashes.removed
+            );
             Ok(0)
         }
     }

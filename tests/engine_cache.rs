@@ -306,6 +306,7 @@ fn a_large_file_input_is_hashed_once_and_a_rewrite_is_still_seen() {
     assert_eq!(entries.len(), 1, "{entries:?}");
     let mut entry: serde_json::Value = serde_json::from_slice(&std::fs::read(&entries[0]).unwrap()).unwrap();
     assert_eq!(entry["id"]["size"], 5_000_000);
+    assert_eq!(entry["path"].as_str(), big.to_str(), "the entry names its file, for gc");
 
     // A planted hash for the same identity keys the input: the run did not read the file.
     entry["sha256"] = serde_json::Value::String("0".repeat(64));
@@ -332,4 +333,19 @@ fn a_large_file_input_is_hashed_once_and_a_rewrite_is_still_seen() {
     let (new_key, new_sum) = sum_of(&s);
     assert_ne!(new_key, key);
     assert_ne!(new_sum, sum);
+
+    // Once the checkpoint is gone, `artifact gc` drops its remembered hash (a dry run only says so).
+    std::fs::remove_file(&big).unwrap();
+    for (dry, left) in [(true, 1), (false, 0)] {
+        let mut args = vec!["artifact", "gc", pl.to_str().unwrap()];
+        if dry {
+            args.push("--dry-run");
+        }
+        let out = p.run(&args);
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        let said = common::text(&out.stdout);
+        let want = if dry { "kept 0, would remove 1" } else { "kept 0, removed 1" };
+        assert!(said.contains(&format!("remembered hashes of large files: {want}")), "{said}");
+        assert_eq!(std::fs::read_dir(p.store().join("hashes")).unwrap().count(), left);
+    }
 }

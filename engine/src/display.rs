@@ -85,7 +85,7 @@ impl Ui {
 
 /// `  mc5 340/1200 (28%) mc 85 tok/s`: one stage's progress as a plain log line.
 fn plain_progress_line(label: &str, pos: u64, len: u64, msg: &str) -> String {
-    let pct = if len > 0 { format!(" ({}%)", pos * 100 / len) } else { String::new() };
+    let pct = (pos * 100).checked_div(len).map_or(String::new(), |p| format!(" ({p}%)"));
     let msg = if msg.is_empty() { String::new() } else { format!(" {msg}") };
     format!("  {label} {pos}/{len}{pct}{msg}")
 }

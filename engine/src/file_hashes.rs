@@ -58,6 +58,17 @@ impl Identity {
 struct Entry {
     id: Identity,
     sha256: String,
+    /// The absolute path it was hashed at (UTF-8 only), for [`FileHashes::prune`]: an entry
+    /// whose path no longer has its identity can never be used again.
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// What [`FileHashes::prune`] did (or would do).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub kept: usize,
+    pub removed: usize,
 }
 
 /// How long before hashing a file must have been left alone for its hash to be remembered.
@@ -150,7 +161,7 @@ impl FileHashes {
         let sha = sha256_file(path)?;
         // Remembered only if nothing changed while it was read and it had settled before.
         if Identity::of(path).is_ok_and(|after| after == before) && before.settled(started, self.settled) {
-            self.put(&before, &sha);
+            self.put(path, &before, &sha);
         }
         Ok(sha)
     }
@@ -160,9 +171,49 @@ impl FileHashes {
     pub fn written(&self, path: &Path, sha256: &str) {
         if let Ok(id) = Identity::of(path) {
             if id.size > REHASH_LIMIT {
-                self.put(&id, sha256);
+                self.put(path, &id, sha256);
             }
         }
+    }
+
+    /// Removes (with `dry_run`, only counts) the remembered hashes that can never be used
+    /// again: their file is gone or changed (a deleted instance, a rewritten checkpoint), or the
+    /// entry is unreadable or from before entries named their file. The store's `hashes/`
+    /// otherwise keeps one entry per large file ever hashed (`artifact gc` calls this).
+    pub fn prune(store_root: &Path, dry_run: bool) -> Result<Pruned> {
+        let dir = store_root.join("hashes");
+        let mut done = Pruned::default();
+        let listing = match std::fs::read_dir(&dir) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(done),
+            Err(e) => return Err(EngineError::Io { path: dir, error: e }),
+        };
+        for item in listing {
+            let item = item.map_err(|e| EngineError::Io { path: dir.clone(), error: e })?;
+            let path = item.path();
+            // Temporary files of writers are `Store::clean_stale`'s.
+            if path.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let live = std::fs::read(&path)
+                .ok()
+                .and_then(|text| serde_json::from_slice::<Entry>(&text).ok())
+                .and_then(|e| Some(Identity::of(Path::new(&e.path?)).ok()? == e.id))
+                .unwrap_or(false);
+            if live {
+                done.kept += 1;
+                continue;
+            }
+            if !dry_run {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(EngineError::Io { path, error: e }),
+                }
+            }
+            done.removed += 1;
+        }
+        Ok(done)
     }
 
     fn entry_path(&self, id: &Identity) -> Option<PathBuf> {
@@ -176,12 +227,13 @@ impl FileHashes {
     }
 
     /// Best effort: an entry that cannot be written is a re-hash next time, never an error.
-    fn put(&self, id: &Identity, sha256: &str) {
+    fn put(&self, file: &Path, id: &Identity, sha256: &str) {
         if !self.write {
             return;
         }
         let Some(path) = self.entry_path(id) else { return };
-        let entry = Entry { id: *id, sha256: sha256.to_string() };
+        let file = std::path::absolute(file).ok().and_then(|p| p.to_str().map(str::to_string));
+        let entry = Entry { id: *id, sha256: sha256.to_string(), path: file };
         static SEQ: AtomicUsize = AtomicUsize::new(0);
         // `NAME.SEQ.tmp.PID`, the form `Store::clean_stale` removes once its writer is gone.
         let tmp = path.with_extension(format!("{}.tmp.{}", SEQ.fetch_add(1, Ordering::Relaxed), std::process::id()));
@@ -237,7 +289,7 @@ mod tests {
         // A planted hash for the same identity is what comes back: the file was not read.
         let id = Identity::of(&f).unwrap();
         let fake = "f".repeat(64);
-        h.put(&id, &fake);
+        h.put(&f, &id, &fake);
         assert_eq!(h.file(&f).unwrap(), fake);
         // None, and a hash set that does not trust remembered ones, read the file.
         assert_eq!(FileHashes::none().file(&f).unwrap(), real);
@@ -313,5 +365,39 @@ mod tests {
         assert_eq!(h.source(&dir).unwrap(), expected, "from remembered hashes");
         let file = dir.join("a.bin");
         assert_eq!(h.source(&file).unwrap(), manifest_hash(&[(String::new(), sha256_file(&file).unwrap())]));
+    }
+
+    #[test]
+    fn prune_removes_the_entries_of_files_gone_or_changed_and_keeps_the_rest() {
+        let s = store();
+        let h = settled(FileHashes::in_store(s.path(), true));
+        let kept = big_file(s.path(), "kept.bin", 1);
+        let gone = big_file(s.path(), "gone.bin", 2);
+        let changed = big_file(s.path(), "changed.bin", 3);
+        for f in [&kept, &gone, &changed] {
+            h.file(f).unwrap();
+        }
+        // An entry from before entries named their file, and one that is not JSON.
+        let old = serde_json::json!({"id": Identity::of(&kept).unwrap(), "sha256": "a".repeat(64)});
+        std::fs::write(s.path().join("hashes/1-2.json"), old.to_string()).unwrap();
+        std::fs::write(s.path().join("hashes/3-4.json"), "{").unwrap();
+        // A writer's temporary file is not an entry.
+        std::fs::write(s.path().join("hashes/5-6.0.tmp.1"), "{").unwrap();
+        std::fs::remove_file(&gone).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(&changed, vec![4u8; BIG]).unwrap();
+        assert_eq!(entries(s.path()), 6);
+
+        let would = FileHashes::prune(s.path(), true).unwrap();
+        assert_eq!(would, Pruned { kept: 1, removed: 4 });
+        assert_eq!(entries(s.path()), 6, "a dry run removes nothing");
+        assert_eq!(FileHashes::prune(s.path(), false).unwrap(), would);
+        assert_eq!(entries(s.path()), 2);
+        assert!(s.path().join("hashes/5-6.0.tmp.1").exists());
+        // The kept entry is still the one used.
+        let id = Identity::of(&kept).unwrap();
+        assert_eq!(h.entry(&id).unwrap().sha256, sha256_file(&kept).unwrap());
+        // A store without hashes/ has nothing to prune.
+        assert_eq!(FileHashes::prune(tempfile::tempdir().unwrap().path(), false).unwrap(), Pruned::default());
     }
 }
