@@ -94,7 +94,7 @@ fn structural_keys(pipeline: &Path) -> BTreeMap<String, String> {
             counters: BTreeMap::new(),
             metrics: Map::new(),
         }));
-        keys.entry(plan.nodes[i].base.clone()).or_insert_with(Vec::new).push(format!("{} {}", spec.instance, spec.key));
+        keys.entry(plan.nodes[i].base.clone()).or_default().push(format!("{} {}", spec.instance, spec.key));
     }
     // One pin per stage of the file: a chain's steps share one (digest of all their keys).
     keys.into_iter()

@@ -36,7 +36,7 @@ fn main() -> anyhow::Result<()> {
             let p = SamplingParams { temperature: 1.0, max_new_tokens: n, ..SamplingParams::default() };
             let t0 = Instant::now();
             // No tokenizer: no EOS stop, so the trace has exactly `n` tokens.
-            let g = tch::no_grad(|| model::generate(m, None, &[prompt.clone()], &[0], &p))?.remove(0);
+            let g = tch::no_grad(|| model::generate(m, None, std::slice::from_ref(&prompt), &[0], &p))?.remove(0);
             let secs = t0.elapsed().as_secs_f64();
             std::fs::write(
                 trace_path,

@@ -3,7 +3,6 @@
 //! gives every row the tokens, finish reason and, within 1e-4, the log-probabilities of the
 //! static batches.
 
-#[allow(dead_code)]
 mod common;
 
 use std::path::Path;

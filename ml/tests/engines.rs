@@ -18,7 +18,6 @@ use rredcot::artifact::rows::RolloutRow;
 use rredcot::artifact::{read_rows, Schema};
 use serde_json::Value;
 
-#[allow(dead_code)]
 mod common;
 use common::{output, record, repo, world_front, TINY_WORLD};
 

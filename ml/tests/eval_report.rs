@@ -12,7 +12,6 @@ use rredcot::artifact::{read_rows, Schema};
 use serde_json::Value;
 
 // Each test binary uses part of the shared helpers.
-#[allow(dead_code)]
 mod common;
 
 use common::repo;

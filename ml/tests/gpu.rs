@@ -15,7 +15,6 @@
 //!   the CPU: rollouts' tokens equal and log-probabilities, R, v and σ within 1e-4, the first
 //!   update's loss within 1e-3, and every training step after the first runs.
 
-#[allow(dead_code)]
 mod common;
 
 use std::path::Path;

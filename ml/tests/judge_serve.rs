@@ -16,7 +16,6 @@ use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::judge::http::{ChatClient, ChatRequest, HttpConfig, Stats};
 use serde_json::{json, Value};
 
-#[allow(dead_code)]
 mod common;
 use common::{instance, record, repo, world_front};
 

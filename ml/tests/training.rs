@@ -122,6 +122,7 @@ fn run_and_kill_at(store: &Path, p: &Path, marker: &str, delay_ms: u64) {
             return;
         }
     }
+    let _ = child.wait();
     panic!("marker `{marker}` never appeared:\n{}", seen.join("\n"));
 }
 

@@ -23,12 +23,15 @@ pub enum Locator {
     Arithmetic,
 }
 
+/// A problem's parsed reference: its start value and steps (op, operand), as `reference_steps` gives them.
+type ParsedReference = (i64, Vec<(char, i64)>);
+
 /// Finds the first wrong step of incorrect rollouts, caching each problem's parsed reference.
 pub struct FirstWrong<'a> {
     locator: Locator,
     prompts_path: &'a Path,
     by_id: HashMap<&'a str, (usize, &'a PromptRow)>,
-    references: HashMap<&'a str, (i64, Vec<(char, i64)>)>,
+    references: HashMap<&'a str, ParsedReference>,
 }
 
 impl<'a> FirstWrong<'a> {

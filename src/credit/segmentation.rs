@@ -294,7 +294,7 @@ mod tests {
         let t = texts(&["a\n", "b\n", "c\n", "d\n", "e\n", "f"]);
         let e = [4.0, 0.5, 0.5, 0.5, 0.5, 4.0];
         let candidates = keyword_cuts(&t, &default_keywords());
-        let weights: Vec<f64> = e.iter().map(|&x| x as f64).collect();
+        let weights: Vec<f64> = e.to_vec();
         let before = vec![1];
         let after = homogenize(before.clone(), &candidates, &weights);
         let spread = |c: &[usize]| {

@@ -63,7 +63,7 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     for (label, path) in scores.iter().filter(|(l, _)| *l != reference) {
         let mine: Vec<ScoreRow> = read_rows(path, Schema::Scores)?;
         let sigma = correlation::align(&format!("scores.{label}"), &mine, &format!("scores.{reference}"), &refs)?;
-        rows.extend(correlation::correlate(label, &reference, &sigma, &ref_sigma, bins));
+        rows.extend(correlation::correlate(label, reference, &sigma, &ref_sigma, bins));
     }
     if rows.is_empty() {
         *md += &format!("Skipped: `scores.{reference}` is the only scores input (nothing to compare with it).\n\n");

@@ -37,6 +37,7 @@ impl<'a> StaticStep<'a> {
     /// `cache` holds the prefilled prompts in columns `0..column` and has room for every new
     /// token; `logits` are the prefill's last; `next_pos: [B, 1]`; `pad_bias: [B, 1, 1, capacity]`
     /// or `None` without padding.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         model: &'a DecoderLm,
         fused: Option<Vec<FusedProjections>>,
@@ -67,7 +68,7 @@ impl<'a> StaticStep<'a> {
 
     /// Sets the uniforms the next step samples with (`[B]`, on the device).
     pub(super) fn set_uniforms(&mut self, u: &Tensor) {
-        let _ = self.u.copy_(u);
+        self.u.copy_(u);
     }
 
     /// Samples every row's token from the current logits and runs the model on it (its keys
@@ -78,7 +79,7 @@ impl<'a> StaticStep<'a> {
         let unwritten = self.keys.gt_tensor(&self.cols.view([self.cache.batch(), 1, 1, 1]));
         let mask = AttnMask::Bias(self.pad_bias.masked_fill(&unwritten, MASKED));
         let h = self.model.hidden_decode(&tok.unsqueeze(-1), &self.pos, &mask, Some(&mut self.cache), self.fused.as_deref());
-        let _ = self.logits.copy_(&self.model.logits(&h.squeeze_dim(1)));
+        self.logits.copy_(&self.model.logits(&h.squeeze_dim(1)));
         let _ = self.pos.g_add_scalar_(1);
         let _ = self.cols.g_add_scalar_(1);
         rec

@@ -161,7 +161,7 @@ pub fn mc_values(ctx: &mut StageContext, sampling: &SamplerParams, p: &McParams,
         format!("{} exit {} completion {}", traces[e.trace].at, e.t, r % k)
     };
     let t0 = std::time::Instant::now();
-    let gens = sample_seeded(ctx, &sampler, &tok, &rows, sampling, "mc", &name)?;
+    let gens = sample_seeded(ctx, &sampler, &tok, &rows, sampling, "mc", name)?;
     sampler.finish()?;
     let forward_tokens: usize = rows.iter().zip(&gens).map(|(r, g)| r.0.len() + g.tokens.len()).sum();
 

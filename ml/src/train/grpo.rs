@@ -150,7 +150,7 @@ struct FixedLogprobs {
 }
 
 /// The micro-batches of a minibatch: `micro_batch_size` sequences each, in order.
-fn micro_batches<'a>(mb: &'a [Sequence], micro: usize) -> Vec<Vec<&'a Sequence>> {
+fn micro_batches(mb: &[Sequence], micro: usize) -> Vec<Vec<&Sequence>> {
     mb.chunks(micro).map(|c| c.iter().collect()).collect()
 }
 

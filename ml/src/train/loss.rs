@@ -118,7 +118,9 @@ pub struct LossParts {
 
 /// `logp`, `old_logp`, `ref_logp`, `credit`, `mask`: `[B, T]` over completion positions;
 /// `adv`: `[B]` (per sequence) or `[B, T]` (per token); `factor`: `[B]`. `credit` rows sum to 1 over the mask.
-#[allow(clippy::too_many_arguments)]
+// `x = x * y`, not `x *= y`: on a tch tensor the latter runs in place, on values autograd may
+// have saved for the backward.
+#[allow(clippy::too_many_arguments, clippy::assign_op_pattern)]
 pub fn policy_loss(
     cfg: &LossConfig,
     logp: &Tensor,
@@ -216,7 +218,7 @@ mod tests {
         let adv_t = Tensor::from_slice(&adv);
         for lt in [LossType::Grpo, LossType::Bnpo, LossType::DrGrpo, LossType::Dapo] {
             let c = cfg(lt);
-            let f = Tensor::from_slice(&sequence_factors(lt, &[lens.clone()], 4, None)[0]);
+            let f = Tensor::from_slice(&sequence_factors(lt, std::slice::from_ref(&lens), 4, None)[0]);
             let ours = policy_loss(&c, &logp, &old, None, &adv_t, &uniform_credit(&lens, 4), &f, &mask);
             let want = trl_reference(&c, &logp, &old, &adv, &lens, 4);
             let got = ours.loss.double_value(&[]);
@@ -234,7 +236,7 @@ mod tests {
             .view([3, 4])
             .to_kind(Kind::Double);
         for lt in [LossType::Grpo, LossType::DrGrpo, LossType::Dapo] {
-            let f = Tensor::from_slice(&sequence_factors(lt, &[lens.clone()], 4, None)[0]);
+            let f = Tensor::from_slice(&sequence_factors(lt, std::slice::from_ref(&lens), 4, None)[0]);
             logp.zero_grad();
             let parts = policy_loss(&cfg(lt), &logp, &old, None, &adv, &credit, &f, &mask);
             parts.loss.backward();
@@ -253,7 +255,7 @@ mod tests {
         c.importance_sampling = IsLevel::Sequence;
         c.epsilon_low = 10.0;
         c.epsilon_high = 10.0;
-        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, std::slice::from_ref(&lens), 4, None)[0]);
         let got = policy_loss(&c, &logp, &old, None, &adv, &uniform_credit(&lens, 4), &f, &mask).loss.double_value(&[]);
         // No clipping: each sequence's loss is −exp(mean log-ratio).
         let lp: Vec<Vec<f64>> = Vec::try_from(logp.detach()).unwrap();
@@ -301,7 +303,7 @@ mod tests {
         let (adv, sigma) = (Tensor::from_slice(&[1.5, -0.5, -1.0]), sigma_credit());
         let mut seq = cfg(LossType::Grpo);
         seq.importance_sampling = IsLevel::Sequence;
-        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, std::slice::from_ref(&lens), 4, None)[0]);
         let grad_under = |c: &LossConfig, credit: &Tensor| {
             let mut lp = logp.detach().set_requires_grad(true);
             lp.zero_grad();
@@ -327,7 +329,7 @@ mod tests {
         let (logp, old, mask, lens) = batch();
         let (adv, sigma) = (Tensor::from_slice(&[1.5, -0.5, -1.0]), sigma_credit());
         let reference = (&logp.detach() + 0.5).detach();
-        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, std::slice::from_ref(&lens), 4, None)[0]);
         let kl_part = |credit: &Tensor| {
             let mut with = cfg(LossType::Grpo);
             with.beta = 0.04;
@@ -369,7 +371,7 @@ mod tests {
         let (logp, _, mask, lens) = batch();
         let (adv, old) = (Tensor::from_slice(&[0.0, 0.0, 0.0]), logp.detach());
         let reference = (&logp.detach() + 0.5).detach();
-        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, &[lens.clone()], 4, None)[0]);
+        let f = Tensor::from_slice(&sequence_factors(LossType::Grpo, std::slice::from_ref(&lens), 4, None)[0]);
         let run = |correct: bool| {
             let mut c = cfg(LossType::Grpo);
             (c.beta, c.kl_bias_correction) = (0.04, correct);

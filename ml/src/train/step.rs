@@ -139,7 +139,7 @@ impl TrainModel {
     pub fn weights_changed(&self) {
         tch::no_grad(|| {
             for ((_, master), (_, copy)) in self.params.iter().zip(&self.compute_params) {
-                let _ = copy.shallow_clone().copy_(master);
+                copy.shallow_clone().copy_(master);
             }
         });
     }
