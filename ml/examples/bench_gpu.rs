@@ -1,8 +1,9 @@
 //! Our half of bench/gpu.sh (issue 17): decode tokens/s of a DeepSeek-R1-Distill-Qwen-1.5B-shaped
 //! model (Qwen2, hidden 1536, 28 layers, 12 q / 2 kv heads, vocab 151936, random weights) on CUDA
 //! in bfloat16, 64-token prompt, 128 new tokens sampled at T = 1, batch 1, 64 and 256 (also
-//! greedy in bf16 and sampled in f32, what `device = auto`'s dtype rests on); and σ
-//! (40 cuts of a 1,000-token trace) scored in bf16 against f32. Saves the model as a Hugging Face
+//! greedy in bf16, sampled in f32 and in f32 with TF32 products, what `dtype`'s choices rest on);
+//! σ (40 cuts of a 1,000-token trace) scored in bf16 and with TF32 products against f32, and σ
+//! scoring's seconds at Table 2's shape in each. Saves the model as a Hugging Face
 //! checkpoint so transformers (bench/gpu_transformers.py) decodes the same weights.
 //!
 //! usage: bench_gpu OUT_DIR  (writes OUT_DIR/ours.json and OUT_DIR/model/)
@@ -17,6 +18,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use rredcot::credit::sigma;
+use rredcot_ml::model::matmul_precision::set_cuda_matmul_tf32;
 use rredcot_ml::model::{self, DecoderLm, ModelConfig, SamplingParams};
 use rredcot_ml::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
 use rredcot_ml::train::step::{TrainDtype, TrainModel};
@@ -31,6 +33,25 @@ fn table2_config() -> anyhow::Result<ModelConfig> {
         "tie_word_embeddings": false, "bos_token_id": 151643, "eos_token_id": 151643,
     });
     Ok(ModelConfig::from_json_str(&json.to_string(), Path::new("<bench_gpu>"))?)
+}
+
+/// BENCH_GPU_SMOKE's model: the 1.5B shape's layout (12 q / 2 kv heads, untied head) at a
+/// size a CPU runs the whole benchmark with in a minute.
+fn smoke_config() -> anyhow::Result<ModelConfig> {
+    let json = serde_json::json!({
+        "model_type": "qwen2", "vocab_size": 1024, "hidden_size": 96, "intermediate_size": 192,
+        "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 1,
+    });
+    Ok(ModelConfig::from_json_str(&json.to_string(), Path::new("<bench_gpu smoke>"))?)
+}
+
+/// Waits for `dev`'s queued work (nothing to wait for on the CPU).
+fn sync(dev: Device) {
+    if let Device::Cuda(i) = dev {
+        tch::Cuda::synchronize(i as i64);
+    }
 }
 
 /// `bench_gpu train DTYPE CHECKPOINTING BATCH LEN`: seconds of two optimizer steps.
@@ -77,12 +98,15 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("usage: bench_gpu OUT_DIR | bench_gpu train DTYPE CHECKPOINTING BATCH LEN")
     };
     let out = Path::new(out);
+    // BENCH_GPU_SMOKE=1: the whole run on the CPU with a tiny model of the same layout, to check
+    // before device time is spent that every part runs to its JSON (its figures mean nothing).
+    let smoke = std::env::var("BENCH_GPU_SMOKE").is_ok_and(|v| v == "1");
     anyhow::ensure!(
-        tch::Cuda::is_available(),
+        smoke || tch::Cuda::is_available(),
         "bench_gpu: libtorch sees no CUDA device"
     );
-    let dev = Device::Cuda(0);
-    let cfg = table2_config()?;
+    let dev = if smoke { Device::Cpu } else { Device::Cuda(0) };
+    let cfg = if smoke { smoke_config()? } else { table2_config()? };
     tch::manual_seed(0);
     let mut m = DecoderLm::new(&cfg, dev);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
@@ -97,8 +121,35 @@ fn main() -> anyhow::Result<()> {
     let cuts: Vec<usize> = (0..=40).map(|i| 64 + i * 23).collect();
     let targets = vec![trace[990..998].to_vec(), trace[100..162].to_vec()];
     let f32_scores = tch::no_grad(|| model::score_cuts(&m, &trace, &cuts, &targets))?;
+    // The same in float32 with TF32 products (`dtype = "tf32"`).
+    set_cuda_matmul_tf32(true);
+    let tf32_scores = tch::no_grad(|| model::score_cuts(&m, &trace, &cuts, &targets))?;
+    set_cuda_matmul_tf32(false);
+    // σ scoring's time per precision at Table 2's shape: 4 traces of 1,088 tokens, 120 cuts
+    // each, targets of 8 and 62 tokens, as score_sigma runs them (one pack per trace); best of 3.
+    let (n_traces, reps) = if smoke { (1, 1) } else { (4, 3) };
+    let traces: Vec<Vec<i64>> = (0..n_traces).map(|_| (0..1088).map(|_| rng.random_range(0..cfg.vocab_size)).collect()).collect();
+    let table2_cuts: Vec<usize> = (0..120).map(|i| 64 + i * 8).collect();
+    let score_seconds = |m: &DecoderLm| -> anyhow::Result<f64> {
+        let reqs: Vec<model::CutRequest> =
+            traces.iter().map(|t| model::CutRequest { trace: t, cuts: &table2_cuts, targets: &targets }).collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..reps {
+            sync(dev);
+            let t = Instant::now();
+            tch::no_grad(|| model::score_cuts_batch(m, &reqs, model::CutScorer::KvShared, 0, true, |_| {}))?;
+            sync(dev);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+    let f32_score_s = score_seconds(&m)?;
+    set_cuda_matmul_tf32(true);
+    let tf32_score_s = score_seconds(&m)?;
+    set_cuda_matmul_tf32(false);
     m.set_kind(Kind::BFloat16);
     let bf16_scores = tch::no_grad(|| model::score_cuts(&m, &trace, &cuts, &targets))?;
+    let bf16_score_s = score_seconds(&m)?;
     // σ (l1-normalized ΔR + Δv, as score_sigma's defaults) from each: out[cut][target].
     let sigma = |s: &[Vec<f64>]| {
         let (r, v): (Vec<f64>, Vec<f64>) = s.iter().map(|c| (c[0], c[1])).unzip();
@@ -108,26 +159,20 @@ fn main() -> anyhow::Result<()> {
         )
         .0
     };
-    let (s32, s16) = (sigma(&f32_scores), sigma(&bf16_scores));
-    let sigma_diff = s32
-        .iter()
-        .zip(&s16)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f64, f64::max);
-    let logprob_diff = f32_scores
-        .iter()
-        .flatten()
-        .zip(bf16_scores.iter().flatten())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f64, f64::max);
+    let max_abs = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f64, f64::max);
+    let flat = |s: &[Vec<f64>]| s.iter().flatten().copied().collect::<Vec<f64>>();
+    let s32 = sigma(&f32_scores);
     model::save(&m, None, &out.join("model"))?;
 
     let mut res = serde_json::Map::new();
-    res.insert("sigma_bf16_vs_f32_max_abs".into(), sigma_diff.into());
-    res.insert(
-        "score_logprob_bf16_vs_f32_max_abs".into(),
-        logprob_diff.into(),
-    );
+    for (name, scores) in [("bf16", &bf16_scores), ("tf32", &tf32_scores)] {
+        res.insert(format!("sigma_{name}_vs_f32_max_abs"), max_abs(&s32, &sigma(scores)).into());
+        res.insert(format!("score_logprob_{name}_vs_f32_max_abs"), max_abs(&flat(&f32_scores), &flat(scores)).into());
+    }
+    for (name, secs) in [("f32", f32_score_s), ("tf32", tf32_score_s), ("bf16", bf16_score_s)] {
+        eprintln!("σ scoring, {n_traces} traces x 120 cuts, {name}: {secs:.2} s");
+        res.insert(format!("score_seconds_{n_traces}x120_cuts_{name}"), secs.into());
+    }
     // Tokens/s of decodes of `b` copies of the prompt after a warm-up: REPEATS timed runs
     // (default 3), the median and every run (one timed run per figure left a 20-30% spread at
     // b256 unexplained).
@@ -145,10 +190,10 @@ fn main() -> anyhow::Result<()> {
         tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &p))?;
         let mut runs = Vec::with_capacity(repeats);
         for _ in 0..repeats {
-            tch::Cuda::synchronize(0);
+            sync(dev);
             let t = Instant::now();
             let g = tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &p))?;
-            tch::Cuda::synchronize(0);
+            sync(dev);
             let n: usize = g.iter().map(|x| x.tokens.len()).sum();
             runs.push(n as f64 / t.elapsed().as_secs_f64());
         }
@@ -170,12 +215,12 @@ fn main() -> anyhow::Result<()> {
         let u = Tensor::rand([b], (Kind::Float, dev));
         let time = |f: &dyn Fn() -> Tensor| {
             let _ = f();
-            tch::Cuda::synchronize(0);
+            sync(dev);
             let t = Instant::now();
             for _ in 0..20 {
                 let _ = f();
             }
-            tch::Cuda::synchronize(0);
+            sync(dev);
             t.elapsed().as_secs_f64() * 1000.0 / 20.0
         };
         let one = time(&|| model::generate::inverse_cdf(&probs, &u));
@@ -217,6 +262,9 @@ fn main() -> anyhow::Result<()> {
     measure(&mut res, &m, "decode_greedy", "bf16 greedy", &[1, 256], 0.0)?;
     m.set_kind(Kind::Float);
     measure(&mut res, &m, "decode_f32", "f32 sampled", &[1, 64, 256], 1.0)?;
+    set_cuda_matmul_tf32(true);
+    measure(&mut res, &m, "decode_tf32", "f32 with TF32 products, sampled", &[1, 64, 256], 1.0)?;
+    set_cuda_matmul_tf32(false);
     std::fs::write(out.join("ours.json"), serde_json::to_string_pretty(&res)?)?;
     std::fs::write(out.join("prompt.json"), serde_json::to_string(&prompt)?)?;
     Ok(())

@@ -31,6 +31,10 @@ use rredcot_ml::train::step::{TrainDtype, TrainModel};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
+/// Held (read) by every test while it computes on CUDA, and (write) by the one that turns TF32
+/// products on: the flag is one per process, and tests run side by side.
+static FLOAT32_PRODUCTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// CUDA device 0, or `None` after printing why the test is skipped.
 fn cuda(test: &str) -> Option<Device> {
     if tch::Cuda::is_available() {
@@ -39,6 +43,11 @@ fn cuda(test: &str) -> Option<Device> {
         println!("SKIP {test}: libtorch sees no CUDA device");
         None
     }
+}
+
+/// [`cuda`] with CUDA float32 products left float32 while the guard lives.
+fn cuda_f32(test: &str) -> Option<(Device, std::sync::RwLockReadGuard<'static, ()>)> {
+    cuda(test).map(|d| (d, FLOAT32_PRODUCTS.read().unwrap_or_else(|e| e.into_inner())))
 }
 
 /// A small random Qwen2-shaped model on the CPU (weights scaled so logits are far from uniform).
@@ -105,7 +114,7 @@ fn two_steps(device: Device, dir: &Path) -> Vec<(String, Tensor)> {
 
 #[test]
 fn adamw_state_is_restored_on_cuda_and_training_continues_like_on_the_cpu() {
-    let Some(dev) = cuda("adamw_state_is_restored_on_cuda") else {
+    let Some((dev, _f32)) = cuda_f32("adamw_state_is_restored_on_cuda") else {
         return;
     };
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -123,7 +132,7 @@ fn adamw_state_is_restored_on_cuda_and_training_continues_like_on_the_cpu() {
 
 #[test]
 fn cuda_logits_tokens_and_scores_agree_with_the_cpu() {
-    let Some(dev) = cuda("cuda_logits_tokens_and_scores_agree_with_the_cpu") else {
+    let Some((dev, _f32)) = cuda_f32("cuda_logits_tokens_and_scores_agree_with_the_cpu") else {
         return;
     };
     let cpu = small_model(11);
@@ -202,7 +211,7 @@ fn cuda_logits_tokens_and_scores_agree_with_the_cpu() {
 /// bf16 within bf16's rounding of the f32 step (both paths).
 #[test]
 fn fused_decode_path_on_cuda_matches_the_separate_products() {
-    let Some(dev) = cuda("fused_decode_path_on_cuda_matches_the_separate_products") else {
+    let Some((dev, _f32)) = cuda_f32("fused_decode_path_on_cuda_matches_the_separate_products") else {
         return;
     };
     let ids = Tensor::from_slice(&[5i64, 17, 3, 88, 42, 7, 7, 60, 9, 11]).view([2, 5]).to_device(dev);
@@ -235,7 +244,7 @@ fn fused_decode_path_on_cuda_matches_the_separate_products() {
 
 #[test]
 fn checkpointing_and_mixed_precision_train_on_cuda() {
-    let Some(dev) = cuda("checkpointing_and_mixed_precision_train_on_cuda") else {
+    let Some((dev, _f32)) = cuda_f32("checkpointing_and_mixed_precision_train_on_cuda") else {
         return;
     };
     let ids = Tensor::from_slice(&[5i64, 17, 3, 88, 42, 7, 7, 60, 9, 1, 2, 3, 4, 5, 6, 7]).view([2, 8]).to_device(dev);
@@ -382,3 +391,52 @@ fn short_quickstart_on_cuda_matches_the_cpu() {
         close("σ", &c.sigma, &g.sigma, 1e-4);
     }
 }
+
+/// `dtype = "tf32"`: float32 weights with TensorFloat-32 products. They really reach cuBLAS (a
+/// random product moves by TF32's rounding, not by nothing), logits and scored log-probabilities
+/// stay near float32's, and a model loaded in f32 afterwards gets float32 products again.
+#[test]
+fn tf32_products_stay_near_float32_and_an_f32_load_turns_them_off() {
+    use rredcot_ml::model::matmul_precision::cuda_matmul_tf32;
+    use rredcot_ml::model::{DeviceChoice, DtypeChoice, LoadOptions};
+    let Some(dev) = cuda("tf32_products_stay_near_float32_and_an_f32_load_turns_them_off") else {
+        return;
+    };
+    let _only = FLOAT32_PRODUCTS.write().unwrap_or_else(|e| e.into_inner());
+    let opts = |dtype| LoadOptions { device: DeviceChoice::Cuda, dtype };
+    let mut m = small_model(11);
+    m.to_device(dev);
+    let a = Tensor::randn([512, 512], (Kind::Float, dev));
+    let b = Tensor::randn([512, 512], (Kind::Float, dev));
+    let ids = Tensor::from_slice(&[5i64, 17, 3, 88, 42, 7, 7, 60]).view([1, 8]).to_device(dev);
+    let trace: Vec<i64> = (0..40).map(|i| (i * 7 + 3) % 97).collect();
+    let (cuts, targets) = ([1usize, 5, 17, 40], vec![vec![4i64, 8, 15], vec![16, 23]]);
+    let run = || {
+        tch::no_grad(|| {
+            let product = a.matmul(&b);
+            let logits = m.forward(&ids, None, None).unwrap();
+            let scores = score_cuts(&m, &trace, &cuts, &targets).unwrap();
+            (product, logits, scores)
+        })
+    };
+    opts(DtypeChoice::F32).apply_matmul_precision(dev).unwrap();
+    let (p32, l32, s32) = run();
+    opts(DtypeChoice::Tf32).apply_matmul_precision(dev).unwrap();
+    assert!(cuda_matmul_tf32());
+    let (p_tf, l_tf, s_tf) = run();
+    opts(DtypeChoice::F32).apply_matmul_precision(dev).unwrap();
+    assert!(!cuda_matmul_tf32());
+    let (p_back, _, _) = run();
+
+    let scale = p32.abs().max().double_value(&[]);
+    let d = max_diff(&p32, &p_tf);
+    assert!(d > 1e-6 * scale && d < 1e-2 * scale, "a 512 x 512 product moved by {d} (scale {scale}) under TF32");
+    assert_eq!(max_diff(&p32, &p_back), 0.0, "float32 products again after an f32 load");
+    let d = max_diff(&l32, &l_tf);
+    let scale = l32.abs().max().double_value(&[]);
+    assert!(d < 1e-2 * scale, "TF32 logits differ by {d} (scale {scale})");
+    for (x, y) in s32.iter().flatten().zip(s_tf.iter().flatten()) {
+        assert!((x - y).abs() < 1e-2, "TF32 scored log-prob {y} vs {x}");
+    }
+}
+

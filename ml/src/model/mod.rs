@@ -16,6 +16,7 @@ pub mod generate;
 pub mod gguf;
 pub mod layers;
 pub mod llama;
+pub mod matmul_precision;
 pub mod qwen2;
 pub mod qwen3;
 pub mod score;
@@ -67,7 +68,9 @@ impl DeviceChoice {
 /// bench/results/gpu.json), and bf16 rollouts on CUDA did not equal the CPU's. bf16 is no faster
 /// at batch 1 and faster at large batches (H100, warm, sampled: 123 vs 127 tok/s at b1, 7658 vs
 /// 5079 at b64, 19404 vs 7807 at b256), so `Bf16` is there for large-batch rollouts that can take
-/// the rounding. (Training has its own `dtype`: [`crate::train::step`].)
+/// the rounding. `Tf32` (CUDA only) keeps float32 weights and activations with TF32 products
+/// ([`matmul_precision`]): the tensor cores for float32 work, with far less rounding than bf16.
+/// (Training has its own `dtype`: [`crate::train::step`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DtypeChoice {
@@ -75,6 +78,7 @@ pub enum DtypeChoice {
     Auto,
     F32,
     Bf16,
+    Tf32,
 }
 
 /// How to load a model (stage params map onto this).
@@ -107,9 +111,23 @@ impl LoadOptions {
 
     pub fn kind(&self, _device: Device) -> Kind {
         match self.dtype {
-            DtypeChoice::F32 | DtypeChoice::Auto => Kind::Float,
+            DtypeChoice::F32 | DtypeChoice::Auto | DtypeChoice::Tf32 => Kind::Float,
             DtypeChoice::Bf16 => Kind::BFloat16,
         }
+    }
+
+    /// Sets this process's CUDA float32 products for a model loaded on `device` (TF32 for
+    /// `Tf32`, float32 otherwise: a warm stage process serves stages of either kind).
+    /// `Tf32` on the CPU is an error: it has no TF32 products.
+    pub fn apply_matmul_precision(&self, device: Device) -> Result<()> {
+        let tf32 = self.dtype == DtypeChoice::Tf32;
+        if tf32 && !device.is_cuda() {
+            return Err(ModelError::Request(
+                "dtype = tf32 is TensorFloat-32 products on CUDA, and this model is on the CPU: use f32 (or auto)".into(),
+            ));
+        }
+        matmul_precision::set_cuda_matmul_tf32(tf32);
+        Ok(())
     }
 }
 
@@ -162,6 +180,7 @@ pub fn load_config(dir: &Path) -> Result<(ModelConfig, Option<Tokenizer>)> {
 /// Loads a Hugging Face checkpoint directory or a `.gguf` file.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let device = opts.device()?;
+    opts.apply_matmul_precision(device)?;
     let (mut model, tokenizer) = if path.is_dir() {
         let (cfg, tokenizer) = load_config(path)?;
         let mut model = DecoderLm::new(&cfg, device);

@@ -163,9 +163,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     tch::manual_seed(seed as i64);
     let opts = model::LoadOptions { device: p.device, dtype: p.dtype };
     let device = opts.device()?;
-    if opts.kind(device) != Kind::Float {
+    if !matches!(p.dtype, model::DtypeChoice::F32 | model::DtypeChoice::Auto) {
         bail!("bootstrap_sft: dtype must be f32 or auto: the model trains in float32");
     }
+    opts.apply_matmul_precision(device)?;
 
     let tok_dir = ctx.input("tokenizer")?.to_path_buf();
     let tok = Tokenizer::from_file(&tok_dir.join("tokenizer.json"), ChatTemplate::Qwen, vec![])?;
