@@ -14,7 +14,8 @@
 # figure, every run kept (`*_runs`).
 # GPU_PARTS (default "decode train quickstart table2") picks the parts to run; the keys of the
 # parts not run are kept from the existing bench/results/gpu.json (each part's entry in
-# `measured` says which run wrote it). TABLE2_PROMPTS (default 64) sizes the Table 2 step;
+# `measured` says which run wrote it). TABLE2_PROMPTS (default 64) sizes the Table 2 step and
+# TABLE2_SETS adds `--set`s to it (kept in table2.sets);
 # below 64 the rollout alone also runs at 64 prompts and the other stages' seconds at 64 are
 # extrapolated linearly in rows (and marked so).
 set -euo pipefail
@@ -55,16 +56,19 @@ if has table2; then
     mkdir -p "$QWEN_TOK"
     for f in tokenizer.json tokenizer_config.json; do xz -dc ".gpu-bundle/qwen3-tokenizer/$f.xz" >"$QWEN_TOK/$f"; done
   fi
-  bash bench/table2_step.sh "$TMP/model" "$TMP/table2-step.json" "$n" 6 1024 || true
+  # TABLE2_SETS: extra `--set`s for the step, e.g. "rollout.dtype=tf32 score.dtype=tf32".
+  t2_sets=()
+  for s in ${TABLE2_SETS:-}; do t2_sets+=(--set "$s"); done
+  bash bench/table2_step.sh "$TMP/model" "$TMP/table2-step.json" "$n" 6 1024 "${t2_sets[@]}" || true
   if [ "$n" -lt 64 ]; then
-    STAGES=rollout bash bench/table2_step.sh "$TMP/model" "$TMP/table2-rollout64.json" 64 6 1024 || true
+    STAGES=rollout bash bench/table2_step.sh "$TMP/model" "$TMP/table2-rollout64.json" 64 6 1024 "${t2_sets[@]}" || true
   fi
   $PY - "$TMP/table2-step.json" "$TMP/table2-rollout64.json" "$n" >"$TMP/table2.json" <<'PYEOF'
 import json, os, sys
 step = json.load(open(sys.argv[1])) if os.path.exists(sys.argv[1]) else {"error": "no result"}
 n = int(sys.argv[3])
 stages = ["rollout", "segment", "score", "update"]
-res = {"step": step}
+res = {"step": step, "sets": os.environ.get("TABLE2_SETS", "").split()}
 if n < 64 and os.path.exists(sys.argv[2]):
     r64 = json.load(open(sys.argv[2]))
     res["rollout_at_64_prompts"] = r64
