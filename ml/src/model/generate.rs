@@ -266,6 +266,19 @@ fn check_request(
     seeds: &[u64],
     p: &SamplingParams,
 ) -> Result<Option<Vec<Generation>>> {
+    check_rows(model, tokenizer, prompts, seeds, p, &vec![p.max_new_tokens; prompts.len()])
+}
+
+/// [`check_request`] with each row's own token budget (`limits`, one per prompt): every prompt
+/// and its budget must fit the context; `Some` when no row has a token to sample.
+fn check_rows(
+    model: &DecoderLm,
+    tokenizer: Option<&Tokenizer>,
+    prompts: &[Vec<i64>],
+    seeds: &[u64],
+    p: &SamplingParams,
+    limits: &[usize],
+) -> Result<Option<Vec<Generation>>> {
     if prompts.len() != seeds.len() {
         return Err(ModelError::Request(format!(
             "{} prompts but {} seeds",
@@ -282,7 +295,7 @@ fn check_request(
     if !p.stop_strings.is_empty() && tokenizer.is_none() {
         return Err(ModelError::Request("stop strings need a tokenizer".into()));
     }
-    if prompts.is_empty() || p.max_new_tokens == 0 {
+    if limits.iter().all(|&l| l == 0) {
         return Ok(Some(
             prompts
                 .iter()
@@ -300,7 +313,7 @@ fn check_request(
         if pr.is_empty() {
             return Err(ModelError::Request(format!("row {row}: empty prompt")));
         }
-        model.check_ids(pr, row, p.max_new_tokens)?;
+        model.check_ids(pr, row, limits[row])?;
     }
     Ok(None)
 }
@@ -325,6 +338,9 @@ struct Completions<'a> {
     p: &'a SamplingParams,
     stop_ids: Vec<i64>,
     max_stop_chars: usize,
+    /// Each row's token budget (`max_new_tokens`, or less where the context leaves less:
+    /// [`generate_continuous_within_context`]).
+    limits: Vec<usize>,
     out: Vec<Generation>,
     progress: Progress,
     on_progress: Option<OnProgress<'a>>,
@@ -356,6 +372,7 @@ impl<'a> Completions<'a> {
             p,
             stop_ids,
             max_stop_chars,
+            limits: vec![p.max_new_tokens; rows],
             out,
             progress: Progress { rows_done: 0, tokens: 0 },
             on_progress: None,
@@ -413,7 +430,7 @@ impl<'a> Completions<'a> {
                 return Ok(true);
             }
         }
-        Ok(g.tokens.len() >= self.p.max_new_tokens)
+        Ok(g.tokens.len() >= self.limits[row])
     }
 
     /// The completions, with their text decoded and cut before a matched stop string.
@@ -715,8 +732,30 @@ pub fn generate_continuous_with_progress<'a>(
     continuous(model, rows, prompts, seeds, slots, sync_every(model.device()))
 }
 
-/// [`generate_continuous`] into `rows` (the request's completions, tokenizer and params),
-/// reading the sampled tokens back (and refilling slots) every `every` steps.
+/// [`generate_continuous_with_progress`] where a prompt too long for `max_new_tokens` more
+/// tokens is not an error: each row samples at most what the model's context leaves after its
+/// own prompt (none for a prompt that fills it), the others their full `max_new_tokens`. A static
+/// batch can only clamp all its rows to its longest prompt; here rows do not share a budget.
+pub fn generate_continuous_within_context<'a>(
+    model: &DecoderLm,
+    tokenizer: Option<&'a Tokenizer>,
+    prompts: &[Vec<i64>],
+    seeds: &[u64],
+    p: &'a SamplingParams,
+    slots: usize,
+    on_progress: Option<OnProgress<'a>>,
+) -> Result<Vec<Generation>> {
+    let context = model.cfg.max_position_embeddings as usize;
+    let mut rows = Completions::new(tokenizer, p, prompts.len()).observed(on_progress);
+    for (limit, pr) in rows.limits.iter_mut().zip(prompts) {
+        *limit = p.max_new_tokens.min(context.saturating_sub(pr.len()));
+    }
+    continuous(model, rows, prompts, seeds, slots, sync_every(model.device()))
+}
+
+/// [`generate_continuous`] into `rows` (the request's completions, tokenizer, params and each
+/// row's budget), reading the sampled tokens back (and refilling slots) every `every` steps. A
+/// row whose budget is 0 gets no slot and no tokens.
 fn continuous(
     model: &DecoderLm,
     mut rows: Completions,
@@ -726,7 +765,7 @@ fn continuous(
     every: usize,
 ) -> Result<Vec<Generation>> {
     let (tokenizer, p) = (rows.tokenizer, rows.p);
-    if let Some(empty) = check_request(model, tokenizer, prompts, seeds, p)? {
+    if let Some(empty) = check_rows(model, tokenizer, prompts, seeds, p, &rows.limits)? {
         return Ok(empty);
     }
     let dev = model.device();
@@ -735,8 +774,8 @@ fn continuous(
     } else {
         slots.min(prompts.len())
     };
-    let max_new = p.max_new_tokens;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let limits = rows.limits.clone();
+    rows.progress.rows_done = limits.iter().filter(|&&l| l == 0).count();
     let mut rngs: Vec<ChaCha8Rng> = seeds
         .iter()
         .map(|&s| ChaCha8Rng::seed_from_u64(s))
@@ -744,18 +783,20 @@ fn continuous(
     // Which prompt each slot decodes, and the cache column of its next token.
     let mut occupant: Vec<Option<usize>> = vec![None; n_slots];
     let mut column = vec![0i64; n_slots];
-    let mut waiting = 0usize;
+    // The rows still to decode, in order (a row without budget is finished as it is).
+    let mut waiting = (0..prompts.len()).filter(|&r| limits[r] > 0);
 
     tch::no_grad(|| -> Result<()> {
         // A row that finished between reads writes up to `every` more columns.
-        let capacity = (longest + max_new + every) as i64;
+        let longest = prompts.iter().zip(&limits).map(|(pr, l)| pr.len() + l).max().unwrap_or(0);
+        let capacity = (longest + every) as i64;
         let fused = model.decode_projections();
         let mut cache = model.new_cache(n_slots as i64, capacity);
         let mut logits = Tensor::zeros([n_slots as i64, model.cfg.vocab_size], (model.kind(), dev));
         for s in 0..n_slots {
-            column[s] = prefill_slot(model, &prompts[waiting], s, &mut cache, &mut logits);
-            occupant[s] = Some(waiting);
-            waiting += 1;
+            let Some(row) = waiting.next() else { break };
+            column[s] = prefill_slot(model, &prompts[row], s, &mut cache, &mut logits);
+            occupant[s] = Some(row);
         }
         loop {
             let active: Vec<usize> = (0..n_slots).filter(|&s| occupant[s].is_some()).collect();
@@ -765,7 +806,10 @@ fn continuous(
             // No more steps than the longest remaining budget of a decoding row.
             let budget = active
                 .iter()
-                .map(|&s| max_new - rows.out[occupant[s].expect("active")].tokens.len())
+                .map(|&s| {
+                    let row = occupant[s].expect("active");
+                    limits[row] - rows.out[row].tokens.len()
+                })
                 .max()
                 .unwrap_or(0);
             let n = every.min(budget);
@@ -820,10 +864,10 @@ fn continuous(
                 rows.report();
             }
             for s in 0..n_slots {
-                if occupant[s].is_none() && waiting < prompts.len() {
-                    column[s] = prefill_slot(model, &prompts[waiting], s, &mut cache, &mut logits);
-                    occupant[s] = Some(waiting);
-                    waiting += 1;
+                if occupant[s].is_none() {
+                    let Some(row) = waiting.next() else { break };
+                    column[s] = prefill_slot(model, &prompts[row], s, &mut cache, &mut logits);
+                    occupant[s] = Some(row);
                 }
             }
         }
@@ -1164,6 +1208,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn continuous_batching_within_the_context_budgets_each_row_by_its_own_prompt() {
+        let m = tiny_model(Arch::Qwen2, 45);
+        let ctx = m.cfg.max_position_embeddings as usize;
+        let ids = |n: usize, k: i64| (0..n as i64).map(|i| (i * 7 + k) % m.cfg.vocab_size).collect::<Vec<i64>>();
+        // Row 1's prompt leaves 5 tokens of context and row 2's none; rows 0 and 3 keep 12.
+        let prompts = vec![ids(6, 1), ids(ctx - 5, 2), ids(ctx, 3), ids(9, 4)];
+        let seeds = [1u64, 2, 3, 4];
+        let p = SamplingParams { max_new_tokens: 12, ..params(1.0) };
+        let mut seen = vec![];
+        let got = generate_continuous_within_context(&m, None, &prompts, &seeds, &p, 2, Some(&mut |x| seen.push(x))).unwrap();
+        let lens: Vec<usize> = got.iter().map(|g| g.tokens.len()).collect();
+        assert_eq!(lens, vec![12, 5, 0, 12]);
+        assert_eq!(seen.last().map(|x| x.rows_done), Some(4), "the row without budget counts as done");
+        // Each row's tokens are those of its prompt decoded alone with its own budget.
+        for (row, limit) in [(0, 12), (1, 5), (3, 12)] {
+            let alone = SamplingParams { max_new_tokens: limit, ..p.clone() };
+            let want = generate(&m, None, &prompts[row..=row], &seeds[row..=row], &alone).unwrap();
+            assert_eq!(got[row].tokens, want[0].tokens, "row {row}");
+        }
+        // One budget for all rows (the static batch's rule) refuses the long prompts.
+        let e = generate_continuous(&m, None, &prompts, &seeds, &p, 2).unwrap_err();
+        assert!(matches!(e, ModelError::ContextOverflow { row: 1, .. }), "{e}");
     }
 
     #[test]

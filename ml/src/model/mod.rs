@@ -33,7 +33,8 @@ pub use config::{Arch, ModelConfig};
 pub use decoder::DecoderLm;
 pub use error::{ModelError, Result};
 pub use generate::{
-    generate, generate_continuous, generate_continuous_with_progress, generate_with_progress, prefill_completion, FinishReason,
+    generate, generate_continuous, generate_continuous_with_progress, generate_continuous_within_context, generate_with_progress,
+    prefill_completion, FinishReason,
     Generation, Prefilled, SamplingParams,
 };
 pub use layers::KvCache;

@@ -302,18 +302,13 @@ pub fn sample_seeded(
     let t0 = Instant::now();
     let mut progress = ctx.progress(rows.len() as u64, label);
     if p.continuous_batching {
-        // One request, `batch_size` slots: a finished row's slot takes the next row. The
-        // context clamp then applies to the whole request (its longest prompt).
-        let longest = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-        let mut budget = sampling.clone();
-        if longest + budget.max_new_tokens > context {
-            budget.max_new_tokens = context.saturating_sub(longest);
-            clamped = rows.len() as i64;
-        }
+        // One request, `batch_size` slots: a finished row's slot takes the next row. Each row
+        // is clamped to what the context leaves after its own prompt.
+        clamped = rows.iter().filter(|r| r.0.len() + sampling.max_new_tokens > context).count() as i64;
         let prompts: Vec<Vec<i64>> = rows.iter().map(|r| r.0.to_vec()).collect();
         let seeds: Vec<u64> = rows.iter().map(|r| r.1).collect();
         let mut show = |x: model::generate::Progress| show_rate(&mut progress, label, x.rows_done, x.tokens as i64, t0);
-        let gens = tch::no_grad(|| model::generate_continuous_with_progress(model, Some(tok), &prompts, &seeds, &budget, batch_size, Some(&mut show)))
+        let gens = tch::no_grad(|| model::generate_continuous_within_context(model, Some(tok), &prompts, &seeds, sampling, batch_size, Some(&mut show)))
             .with_context(|| format!("sampling {} .. {}", name(0), name(rows.len().saturating_sub(1))))?;
         generated = gens.iter().map(|g| g.tokens.len() as i64).sum::<i64>();
         out = gens;
