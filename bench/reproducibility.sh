@@ -2,18 +2,20 @@
 # How much the quickstart's figures move between runs and machines (issue 19 point 4). Writes
 # bench/results/reproducibility.json.
 # The front of pipelines/quickstart.toml up to `final_base` (taskgen, tokenizer, bootstrap SFT, the
-# SFT policy's avg@4 on the 800 eval problems and the GSM8K fixture: the table's base row) runs in
+# SFT policy's avg@2 on the 800 eval problems and the GSM8K fixture: the table's base row) runs in
 # a fresh store per configuration:
 #   again     the same command twice: are the artifacts bitwise equal on one machine?
-#   threads1  libtorch on 1 thread instead of 2 (another reduction order in every matmul)
-#   avx2      ATEN_CPU_CAPABILITY=avx2 (this CPU has AVX-512: other kernels, as on an older CPU)
+#   threads1  the SFT on 1 libtorch thread instead of 2 (final_base already runs on 1)
+#   avx2      ATEN_CPU_CAPABILITY=avx2: ATen's AVX2 kernels, as on a CPU without AVX-512 (the
+#             same kernels as the reference run on such a CPU: the JSON names the native ones)
+#   default   ATEN_CPU_CAPABILITY=default: ATen's kernels without SIMD, other kernels on any CPU
 # Per configuration: which stages' output hashes equal the reference run's, the SFT model's largest
-# weight difference, the SFT eval loss, and the base row's avg@4 per benchmark.
-# About 5 min per configuration here (release build, 2 cores).
+# weight difference, the SFT eval loss, and the base row's avg@k per benchmark.
+# About 4-7 min per configuration here (release build, 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
-CONFIGS=${CONFIGS:-"again threads1 avx2"}
+CONFIGS=${CONFIGS:-"again threads1 avx2 default"}
 cargo build --release --workspace --bins
 BIN=./target/release/rredcot
 run() { # run NAME [VAR=VALUE ...] -- [ARGS...]
@@ -30,6 +32,7 @@ for c in $CONFIGS; do
     again) run again -- ;;
     threads1) run threads1 -- --set sft.threads=1 --set final_base.threads=1 ;;
     avx2) run avx2 ATEN_CPU_CAPABILITY=avx2 -- ;;
+    default) run default ATEN_CPU_CAPABILITY=default -- ;;
     *) echo "unknown config $c" >&2; exit 2 ;;
   esac
 done
@@ -69,6 +72,11 @@ for c in configs:
     }
 res["max_moved_points"] = max([abs(v) for c in res["configs"].values() for v in c["avg_at_k_moved_points"].values()] or [0.0])
 res["machine"] = platform.machine() + " " + str(os.cpu_count()) + " cpus"
+cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][:1]
+res["cpu_model"] = cpu[0] if cpu else None
+# The ATen kernels the reference run used (ATEN_CPU_CAPABILITY unset): on a CPU whose native
+# capability is AVX2, the avx2 configuration is the reference's own kernels.
+res["native_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
 res["command"] = f"CONFIGS='{' '.join(configs)}' bash bench/reproducibility.sh"
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps(res, indent=2))
