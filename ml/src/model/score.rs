@@ -157,13 +157,13 @@ pub struct CutRequest<'a> {
     pub targets: &'a [Vec<i64>],
 }
 
+/// (request, index into its `own_cuts`, target) that scores a row.
+type RowSource = (usize, usize, usize);
+
 /// Rows that several requests share. A row is (prefix `trace[..cut]`, target); two rows with the
 /// same prefix tokens and target tokens have the same log-probability, so only the first is
 /// scored. In a GRPO group every trace's cut at the prompt end is the same row, and samples that
 /// begin alike share their early cuts too (exact token equality, no hashing).
-/// (request, index into its `own_cuts`, target) that scores a row.
-type RowSource = (usize, usize, usize);
-
 #[derive(Debug)]
 pub struct SharedRows {
     /// Per request, the cut positions it scores itself (the first occurrence of at least one of
