@@ -121,6 +121,10 @@ quickstart() {
   local name=$1 extra=()
   if [ "${2:-}" = fresh ]; then name=$1-fresh extra=(--fresh-processes); fi
   short_quickstart_sets "$1"
+  # QS_SETS_EXTRA: more `--set`s for both devices, e.g. the static batches CUDA graphs replay:
+  # "grpo.rollout.continuous_batching=false rredcot.rollout.continuous_batching=false" (kept in
+  # quickstart_sets).
+  for s in ${QS_SETS_EXTRA:-}; do QS_SETS+=(--set "$s"); done
   local t0=$EPOCHREALTIME
   # QS_TIMEOUT (seconds, default none): a run cut short is written as null.
   local limit=(timeout "${QS_TIMEOUT:-0}")
@@ -191,6 +195,8 @@ if "quickstart" in parts:
     res["quickstart_gpu_over_cpu_time_ratio"] = gpu_s / cpu_s if cpu_s and gpu_s else None
     # The same runs with a process per stage (`--fresh-processes`): what warm processes save.
     res["quickstart_cpu_fresh_processes_s"], res["quickstart_gpu_fresh_processes_s"] = num(sys.argv[10]), num(sys.argv[11])
+    res["quickstart_sets"] = os.environ.get("QS_SETS_EXTRA", "").split()
+    res["quickstart_decode_graphs"] = os.environ.get("RREDCOT_DECODE_GRAPHS") == "1"
     res["quickstart_note"] = ("shortened quickstart (tests/gpu.rs's sizes), fresh store per device, "
                               + ("both runs pinned to cores 0,1" if pinned else "not pinned: no taskset"))
     measured["quickstart"] = stamp
