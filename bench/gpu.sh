@@ -121,7 +121,7 @@ quickstart() {
   local name=$1 extra=()
   if [ "${2:-}" = fresh ]; then name=$1-fresh extra=(--fresh-processes); fi
   short_quickstart_sets "$1"
-  # QS_SETS_EXTRA: more `--set`s for both devices, e.g. the static batches CUDA graphs replay:
+  # QS_SETS_EXTRA: more `--set`s for both devices, e.g. static batches instead of continuous ones:
   # "grpo.rollout.continuous_batching=false rredcot.rollout.continuous_batching=false" (kept in
   # quickstart_sets).
   for s in ${QS_SETS_EXTRA:-}; do QS_SETS+=(--set "$s"); done

@@ -6,7 +6,8 @@
 //! - The model core on CUDA agrees with the CPU in float32: logits, greedy tokens (static and
 //!   continuous batching), σ scoring's log-probabilities (within 1e-4). In a build with CUDA
 //!   graphs (bench/gpu_bundle.sh) run with `RREDCOT_DECODE_GRAPHS=1`, the static batch's decode
-//!   replays one, so this checks that path too.
+//!   and continuous batching's (a slot refilled after the capture) replay one, so this checks
+//!   those paths too.
 //! - The GPU's decode path (fused projections, flip rotation, grouped queries over a bias)
 //!   against the separate products on the same GPU, in f32 and bf16.
 //! - Training on CUDA: activation checkpointing gives the plain gradients, and mixed precision
@@ -171,8 +172,10 @@ fn cuda_logits_tokens_and_scores_agree_with_the_cpu() {
     let t1 = SamplingParams { temperature: 1.0, ..p.clone() };
     let sc = tch::no_grad(|| generate(&cpu, None, &prompts, &seeds, &t1)).unwrap();
     let sg = tch::no_grad(|| generate(&gpu, None, &prompts, &seeds, &t1)).unwrap();
-    for (c, g) in sc.iter().zip(&sg) {
-        assert_eq!(c.tokens, g.tokens, "sampled tokens");
+    let sk = tch::no_grad(|| generate_continuous(&gpu, None, &prompts, &seeds, &t1, 2)).unwrap();
+    for ((c, g), k) in sc.iter().zip(&sg).zip(&sk) {
+        assert_eq!(c.tokens, g.tokens, "sampled tokens, static batch");
+        assert_eq!(c.tokens, k.tokens, "sampled tokens, continuous batching");
     }
 
     // bf16 decoding (fused RMSNorm, flash attention reading the grouped kv heads): one cached

@@ -27,7 +27,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::decoder::{DecoderLm, MASKED};
 use super::error::{ModelError, Result};
-use super::layers::{AttnMask, KvCache};
+use super::layers::{AttnMask, FusedProjections, KvCache};
 use super::static_decode::StaticStep;
 use super::tokenizer::Tokenizer;
 
@@ -509,7 +509,7 @@ fn absorb(records: &[Tensor], rows: &mut Completions, done: &mut [bool]) -> Resu
     Ok(done.iter().all(|&d| d))
 }
 
-/// How a static batch runs its decode steps after the prefill.
+/// How a static batch (after its prefill) or continuous batching's slots run their decode steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Steps {
     /// Each step as its own ops, reading the cache as far as it is filled (the CPU's path).
@@ -519,7 +519,7 @@ enum Steps {
     Static { graph: bool },
 }
 
-/// The decode steps of a static batch on `dev`: the eager steps, or with
+/// The decode steps on `dev`: the eager steps, or with
 /// `RREDCOT_DECODE_GRAPHS=1` a CUDA graph where this build has the capture
 /// (`RREDCOT_CUDA_GRAPHS=1` at build time, see ml/build.rs). Opt-in until it has run on a GPU.
 fn steps_on(dev: Device) -> Steps {
@@ -683,7 +683,7 @@ fn decode_chunks(
 
 /// Prefills `prompt` alone into slot `s` of `cache` (from column 0) and puts its next-token
 /// logits in row `s` of `logits`; returns the slot's next column (the prompt length).
-fn prefill_slot(
+pub(super) fn prefill_slot(
     model: &DecoderLm,
     prompt: &[i64],
     s: usize,
@@ -729,7 +729,7 @@ pub fn generate_continuous_with_progress<'a>(
     on_progress: Option<OnProgress<'a>>,
 ) -> Result<Vec<Generation>> {
     let rows = Completions::new(tokenizer, p, prompts.len()).observed(on_progress);
-    continuous(model, rows, prompts, seeds, slots, sync_every(model.device()))
+    continuous(model, rows, prompts, seeds, slots, sync_every(model.device()), steps_on(model.device()))
 }
 
 /// [`generate_continuous_with_progress`] where a prompt too long for `max_new_tokens` more
@@ -750,12 +750,129 @@ pub fn generate_continuous_within_context<'a>(
     for (limit, pr) in rows.limits.iter_mut().zip(prompts) {
         *limit = p.max_new_tokens.min(context.saturating_sub(pr.len()));
     }
-    continuous(model, rows, prompts, seeds, slots, sync_every(model.device()))
+    continuous(model, rows, prompts, seeds, slots, sync_every(model.device()), steps_on(model.device()))
+}
+
+/// Continuous batching's slots between read-backs: filled with a prompt, freed, stepped.
+trait Slots {
+    /// Prefills `prompt` alone into slot `s` (its cache columns from 0); it decodes from the
+    /// next step on.
+    fn fill(&mut self, s: usize, prompt: &[i64]);
+    /// Slot `s` decodes nothing more (its row finished and no prompt waits).
+    fn free(&mut self, s: usize);
+    /// `n` steps, step `j` sampling with uniforms `u[j]` (`[slots]`): each step's `[slots, 4]`
+    /// record.
+    fn steps(&mut self, u: &Tensor, n: usize) -> Result<Vec<Tensor>>;
+    /// Done: the device's work is ordered before what the caller does next.
+    fn finish(self: Box<Self>) -> Result<()>;
+}
+
+/// Slots stepped eagerly (the CPU's path): a step reads the cache only as far as the furthest
+/// live slot has written, with a bias made for that width.
+struct EagerSlots<'a> {
+    model: &'a DecoderLm,
+    fused: Option<Vec<FusedProjections>>,
+    p: &'a SamplingParams,
+    cache: KvCache,
+    /// Next-token logits `[slots, V]`.
+    logits: Tensor,
+    /// Each slot's next cache column, and whether it decodes a row.
+    column: Vec<i64>,
+    live: Vec<bool>,
+}
+
+impl<'a> EagerSlots<'a> {
+    fn new(model: &'a DecoderLm, fused: Option<Vec<FusedProjections>>, p: &'a SamplingParams, cache: KvCache) -> Self {
+        let b = cache.batch();
+        EagerSlots {
+            model,
+            fused,
+            p,
+            logits: Tensor::zeros([b, model.cfg.vocab_size], (model.kind(), model.device())),
+            cache,
+            column: vec![0; b as usize],
+            live: vec![false; b as usize],
+        }
+    }
+}
+
+impl Slots for EagerSlots<'_> {
+    fn fill(&mut self, s: usize, prompt: &[i64]) {
+        self.column[s] = prefill_slot(self.model, prompt, s, &mut self.cache, &mut self.logits);
+        self.live[s] = true;
+    }
+
+    fn free(&mut self, s: usize) {
+        self.live[s] = false;
+    }
+
+    fn steps(&mut self, u: &Tensor, n: usize) -> Result<Vec<Tensor>> {
+        let (model, dev) = (self.model, self.model.device());
+        let b = self.column.len() as i64;
+        // Free slots stay at their column (they write there, unread by any live row).
+        let advance: Vec<i64> = self.live.iter().map(|&l| l as i64).collect();
+        let advance = Tensor::from_slice(&advance).to_device(dev);
+        let mut cols = Tensor::from_slice(&self.column).to_device(dev);
+        let keys_from = (0..self.column.len()).filter(|&s| self.live[s]).map(|s| self.column[s]).max().unwrap_or(0);
+        let mut records = Vec::with_capacity(n);
+        for j in 0..n {
+            let (rec, tok) = sample_record(&self.logits, self.p, &u.get(j as i64));
+            records.push(rec);
+            // Slot s sees its columns 0..=cols[s]: its prompt, its tokens, this one.
+            let read = keys_from + j as i64 + 1;
+            let keys = Tensor::arange(read, (Kind::Int64, dev)).view([1, 1, 1, read]);
+            let hidden = keys.gt_tensor(&cols.view([b, 1, 1, 1]));
+            let bias = Tensor::zeros([b, 1, 1, read], (model.kind(), dev)).masked_fill(&hidden, MASKED);
+            self.cache.write_rows_at(&cols, read);
+            let h = model.hidden_decode(&tok.unsqueeze(-1), &cols.unsqueeze(-1), &AttnMask::Bias(bias), Some(&mut self.cache), self.fused.as_deref());
+            self.logits = model.logits(&h.squeeze_dim(1));
+            // A new tensor: the cache's write index still views the old one.
+            cols = &cols + &advance;
+        }
+        for (c, &l) in self.column.iter_mut().zip(&self.live) {
+            *c += if l { n as i64 } else { 0 };
+        }
+        Ok(records)
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Slots stepped by fixed-shape [`StaticStep`]s through a [`super::cuda_graph::Runner`], which
+/// replays one captured graph per step where it can: refills happen in place between steps.
+struct FixedSlots<'a> {
+    step: StaticStep<'a>,
+    runner: super::cuda_graph::Runner,
+}
+
+impl Slots for FixedSlots<'_> {
+    fn fill(&mut self, s: usize, prompt: &[i64]) {
+        self.step.fill(s, prompt);
+    }
+
+    fn free(&mut self, s: usize) {
+        self.step.free(s);
+    }
+
+    fn steps(&mut self, u: &Tensor, n: usize) -> Result<Vec<Tensor>> {
+        (0..n)
+            .map(|j| {
+                self.step.set_uniforms(&u.get(j as i64));
+                self.runner.step(|| self.step.run())
+            })
+            .collect()
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        self.runner.finish()
+    }
 }
 
 /// [`generate_continuous`] into `rows` (the request's completions, tokenizer, params and each
-/// row's budget), reading the sampled tokens back (and refilling slots) every `every` steps. A
-/// row whose budget is 0 gets no slot and no tokens.
+/// row's budget), reading the sampled tokens back (and refilling slots) every `every` steps,
+/// stepping the slots as `steps` says. A row whose budget is 0 gets no slot and no tokens.
 fn continuous(
     model: &DecoderLm,
     mut rows: Completions,
@@ -763,6 +880,7 @@ fn continuous(
     seeds: &[u64],
     slots: usize,
     every: usize,
+    steps: Steps,
 ) -> Result<Vec<Generation>> {
     let (tokenizer, p) = (rows.tokenizer, rows.p);
     if let Some(empty) = check_rows(model, tokenizer, prompts, seeds, p, &rows.limits)? {
@@ -780,23 +898,27 @@ fn continuous(
         .iter()
         .map(|&s| ChaCha8Rng::seed_from_u64(s))
         .collect();
-    // Which prompt each slot decodes, and the cache column of its next token.
+    // Which prompt each slot decodes.
     let mut occupant: Vec<Option<usize>> = vec![None; n_slots];
-    let mut column = vec![0i64; n_slots];
     // The rows still to decode, in order (a row without budget is finished as it is).
     let mut waiting = (0..prompts.len()).filter(|&r| limits[r] > 0);
 
     tch::no_grad(|| -> Result<()> {
         // A row that finished between reads writes up to `every` more columns.
         let longest = prompts.iter().zip(&limits).map(|(pr, l)| pr.len() + l).max().unwrap_or(0);
-        let capacity = (longest + every) as i64;
+        let cache = model.new_cache(n_slots as i64, (longest + every) as i64);
         let fused = model.decode_projections();
-        let mut cache = model.new_cache(n_slots as i64, capacity);
-        let mut logits = Tensor::zeros([n_slots as i64, model.cfg.vocab_size], (model.kind(), dev));
-        for s in 0..n_slots {
+        let mut decoder: Box<dyn Slots> = match steps {
+            Steps::Eager => Box::new(EagerSlots::new(model, fused, p, cache)),
+            Steps::Static { graph } => Box::new(FixedSlots {
+                step: StaticStep::slots(model, fused, p, cache),
+                runner: super::cuda_graph::Runner::new(graph)?,
+            }),
+        };
+        for (s, slot) in occupant.iter_mut().enumerate() {
             let Some(row) = waiting.next() else { break };
-            column[s] = prefill_slot(model, &prompts[row], s, &mut cache, &mut logits);
-            occupant[s] = Some(row);
+            decoder.fill(s, &prompts[row]);
+            *slot = Some(row);
         }
         loop {
             let active: Vec<usize> = (0..n_slots).filter(|&s| occupant[s].is_some()).collect();
@@ -821,57 +943,27 @@ fn continuous(
                     .collect();
                 uniforms(&mut streams, n, dev)
             };
-            {
-                // Idle slots stay at their column (they write there, unread by any live row).
-                let advance: Vec<i64> = occupant.iter().map(|o| o.is_some() as i64).collect();
-                let advance = Tensor::from_slice(&advance).to_device(dev);
-                let mut cols = Tensor::from_slice(&column).to_device(dev);
-                let keys_from = active.iter().map(|&s| column[s]).max().unwrap_or(0);
-                let mut records = Vec::with_capacity(n);
+            let records = decoder.steps(&u, n)?;
+            let host = read_back(&records)?;
+            for &s in &active {
+                let row = occupant[s].expect("active");
                 for j in 0..n {
-                    let (rec, tok) = sample_record(&logits, p, &u.get(j as i64));
-                    records.push(rec);
-                    // Slot s sees its columns 0..=cols[s]: its prompt, its tokens, this one.
-                    let read = keys_from + j as i64 + 1;
-                    let keys = Tensor::arange(read, (Kind::Int64, dev)).view([1, 1, 1, read]);
-                    let hidden = keys.gt_tensor(&cols.view([n_slots as i64, 1, 1, 1]));
-                    let bias = Tensor::zeros([n_slots as i64, 1, 1, read], (model.kind(), dev))
-                        .masked_fill(&hidden, MASKED);
-                    cache.write_rows_at(&cols, read);
-                    let h = model.hidden_decode(
-                        &tok.unsqueeze(-1),
-                        &cols.unsqueeze(-1),
-                        &AttnMask::Bias(bias),
-                        Some(&mut cache),
-                        fused.as_deref(),
-                    );
-                    logits = model.logits(&h.squeeze_dim(1));
-                    // A new tensor: the cache's write index still views the old one.
-                    cols = &cols + &advance;
-                }
-                let host = read_back(&records)?;
-                for &s in &active {
-                    column[s] += n as i64;
-                    let row = occupant[s].expect("active");
-                    for j in 0..n {
-                        let at = (j * n_slots + s) * 4;
-                        if rows.push(row, &host[at..at + 4])? {
-                            occupant[s] = None;
-                            break;
-                        }
+                    let at = (j * n_slots + s) * 4;
+                    if rows.push(row, &host[at..at + 4])? {
+                        occupant[s] = None;
+                        decoder.free(s);
+                        break;
                     }
                 }
-                rows.report();
             }
-            for s in 0..n_slots {
-                if occupant[s].is_none() {
-                    let Some(row) = waiting.next() else { break };
-                    column[s] = prefill_slot(model, &prompts[row], s, &mut cache, &mut logits);
-                    occupant[s] = Some(row);
-                }
+            rows.report();
+            for (s, slot) in occupant.iter_mut().enumerate().filter(|(_, o)| o.is_none()) {
+                let Some(row) = waiting.next() else { break };
+                decoder.fill(s, &prompts[row]);
+                *slot = Some(row);
             }
         }
-        Ok(())
+        decoder.finish()
     })?;
     rows.finish()
 }
@@ -1190,10 +1282,10 @@ mod tests {
                     lens.iter().min() < lens.iter().max(),
                     "rows should finish at different steps: {lens:?}"
                 );
-                for (slots, every) in [(1, 1), (2, 1), (3, 4), (0, 16)] {
-                    let cont = continuous(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, slots, every).unwrap();
+                for ((slots, every), steps) in [(1, 1), (2, 1), (3, 4), (0, 16)].into_iter().flat_map(|x| [(x, Steps::Eager), (x, Steps::Static { graph: false })]) {
+                    let cont = continuous(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, slots, every, steps).unwrap();
                     for (row, (c, b)) in cont.iter().zip(&batch).enumerate() {
-                        let at = format!("{arch:?} T={t} slots {slots} every {every} row {row}");
+                        let at = format!("{arch:?} T={t} slots {slots} every {every} {steps:?} row {row}");
                         assert_eq!(c.tokens, b.tokens, "{at}");
                         assert_eq!(c.finish_reason, b.finish_reason, "{at}");
                         for (x, y) in c
