@@ -186,6 +186,12 @@ if "decode" in parts:
         res[f"decode_fusion_speedup_b{b}"] = ours[f"decode_tok_s_b{b}"] / ours[f"decode_unfused_tok_s_b{b}"]
         if f"decode_graph_tok_s_b{b}" in ours:
             res[f"decode_graph_speedup_b{b}"] = ours[f"decode_graph_tok_s_b{b}"] / ours[f"decode_tok_s_b{b}"]
+    # Continuous batching (the stages' default) at b256, eager and replayed, against the static batch.
+    if "decode_continuous_tok_s_b256" in ours:
+        res["decode_continuous_over_static_b256"] = ours["decode_continuous_tok_s_b256"] / ours["decode_tok_s_b256"]
+        res["decode_continuous_speedup_vs_transformers_b256"] = ours["decode_continuous_tok_s_b256"] / theirs["transformers_decode_tok_s_b256"]
+    if "decode_continuous_graph_tok_s_b256" in ours:
+        res["decode_continuous_graph_speedup_vs_transformers_b256"] = ours["decode_continuous_graph_tok_s_b256"] / theirs["transformers_decode_tok_s_b256"]
     measured["decode"] = stamp
 if "quickstart" in parts:
     res["quickstart_cpu_s"], res["quickstart_gpu_s"] = cpu_s, gpu_s

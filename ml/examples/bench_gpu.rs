@@ -177,7 +177,9 @@ fn main() -> anyhow::Result<()> {
     // (default 3), the median and every run (one timed run per figure left a 20-30% spread at
     // b256 unexplained).
     let repeats: usize = std::env::var("REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
-    let decode = |m: &DecoderLm, b: usize, temperature: f64| -> anyhow::Result<(f64, Vec<f64>)> {
+    // `continuous`: through continuous batching (one slot per row, as the sampling stages'
+    // default), else one static batch.
+    let decode = |m: &DecoderLm, b: usize, temperature: f64, continuous: bool| -> anyhow::Result<(f64, Vec<f64>)> {
         let prompts = vec![prompt.clone(); b];
         let seeds: Vec<u64> = (0..b as u64).collect();
         let p = SamplingParams {
@@ -185,14 +187,23 @@ fn main() -> anyhow::Result<()> {
             max_new_tokens: 128,
             ..Default::default()
         };
+        let run = || {
+            tch::no_grad(|| {
+                if continuous {
+                    model::generate_continuous(m, None, &prompts, &seeds, &p, 0)
+                } else {
+                    model::generate(m, None, &prompts, &seeds, &p)
+                }
+            })
+        };
         // Warm-up: the same decode in full. A first decode at a batch size ran up to 6x slower
         // than the next (kernels loaded and caches grown as the context lengthens).
-        tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &p))?;
+        run()?;
         let mut runs = Vec::with_capacity(repeats);
         for _ in 0..repeats {
             sync(dev);
             let t = Instant::now();
-            let g = tch::no_grad(|| model::generate(m, None, &prompts, &seeds, &p))?;
+            let g = run()?;
             sync(dev);
             let n: usize = g.iter().map(|x| x.tokens.len()).sum();
             runs.push(n as f64 / t.elapsed().as_secs_f64());
@@ -229,7 +240,9 @@ fn main() -> anyhow::Result<()> {
         res.insert(format!("sampler_ms_one_level_b{b}"), one.into());
         res.insert(format!("sampler_ms_chunked_b{b}"), two.into());
     }
-    // `key`_tok_s_b{b}: the median decode rate at each batch in `batches`, sampled at `t`.
+    // `key`_tok_s_b{b}: the median decode rate at each batch in `batches`, sampled at `t`, in
+    // one static batch, or through continuous batching where `key` starts with
+    // "decode_continuous".
     let measure = |res: &mut serde_json::Map<String, serde_json::Value>,
                    m: &DecoderLm,
                    key: &str,
@@ -238,7 +251,7 @@ fn main() -> anyhow::Result<()> {
                    t: f64|
      -> anyhow::Result<()> {
         for &b in batches {
-            let rate = record(res, format!("{key}_tok_s_b{b}"), decode(m, b, t)?);
+            let rate = record(res, format!("{key}_tok_s_b{b}"), decode(m, b, t, key.starts_with("decode_continuous"))?);
             eprintln!("ours {what} b{b}: {rate:.0} tok/s");
         }
         Ok(())
@@ -246,6 +259,8 @@ fn main() -> anyhow::Result<()> {
     // bf16 sampled at T = 1 is the headline (transformers' side of the table); greedy bf16 and
     // f32 sampled are what `device = auto`'s dtype choice rests on.
     measure(&mut res, &m, "decode", "bf16 sampled", &[1, 64, 256], 1.0)?;
+    // The sampling stages' default path: the same rows through continuous batching.
+    measure(&mut res, &m, "decode_continuous", "bf16 sampled, continuous batching,", &[256], 1.0)?;
     // The same decode with q|k|v and gate|up as separate products (the path before they were
     // fused, and the CPU's), in the same run.
     std::env::set_var("RREDCOT_DECODE_FUSION", "0");
@@ -257,6 +272,7 @@ fn main() -> anyhow::Result<()> {
     if model::cuda_graph::AVAILABLE {
         std::env::set_var("RREDCOT_DECODE_GRAPHS", "1");
         measure(&mut res, &m, "decode_graph", "bf16 sampled, steps replayed as a CUDA graph,", &[1, 64, 256], 1.0)?;
+        measure(&mut res, &m, "decode_continuous_graph", "bf16 sampled, continuous batching replayed as a CUDA graph,", &[256], 1.0)?;
         std::env::remove_var("RREDCOT_DECODE_GRAPHS");
     }
     measure(&mut res, &m, "decode_greedy", "bf16 greedy", &[1, 256], 0.0)?;
