@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How much the quickstart's figures move between runs and machines (issue 19 point 4). Writes
-# bench/results/reproducibility.json.
+# bench/results/reproducibility.json (OUT=FILE: there instead, e.g. for another machine's run).
 # The front of pipelines/quickstart.toml up to `final_base` (taskgen, tokenizer, bootstrap SFT, the
 # SFT policy's avg@2 on the 800 eval problems and the GSM8K fixture: the table's base row) runs in
 # a fresh store per configuration:
@@ -16,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
 CONFIGS=${CONFIGS:-"again threads1 avx2 default"}
+OUT=${OUT:-bench/results/reproducibility.json}
 cargo build --release --workspace --bins
 BIN=./target/release/rredcot
 run() { # run NAME [VAR=VALUE ...] -- [ARGS...]
@@ -37,7 +38,7 @@ for c in $CONFIGS; do
   esac
 done
 
-$PY - "$TMP" bench/results/reproducibility.json "$CONFIGS" <<'PYEOF'
+$PY - "$TMP" "$OUT" "$CONFIGS" <<'PYEOF'
 import json, os, sys, platform
 import torch
 from safetensors.torch import load_file
@@ -77,7 +78,7 @@ res["cpu_model"] = cpu[0] if cpu else None
 # The ATen kernels the reference run used (ATEN_CPU_CAPABILITY unset): on a CPU whose native
 # capability is AVX2, the avx2 configuration is the reference's own kernels.
 res["native_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-res["command"] = f"CONFIGS='{' '.join(configs)}' bash bench/reproducibility.sh"
+res["command"] = f"CONFIGS='{' '.join(configs)}'" + ("" if out == "bench/results/reproducibility.json" else f" OUT={out}") + " bash bench/reproducibility.sh"
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps(res, indent=2))
 PYEOF

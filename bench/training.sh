@@ -4,12 +4,16 @@
 # wall time and peak RSS of the step's stages (GRPO: rollout + update; RREDCoT: rollout + segment +
 # score + update) and the small per-step eval (the learning curves). Final accuracies come from
 # the quickstart's large final evaluation (`final_*`: avg@k at temperature 1 on the eval split).
-# Writes bench/results/training.json.
+# Writes bench/results/training.json (OUT=FILE: there instead, e.g. for another machine's run).
+# With a fresh STORE, the first seed's pipeline wall time is the quickstart's cold time
+# (`quickstart_cold_wall_s`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
 SEEDS=${SEEDS:-"0 1 2"}
 STORE=${STORE:-$PWD/.rredcot/store}
+OUT=${OUT:-bench/results/training.json}
+cold=0; [ -d "$STORE/instances" ] || cold=1
 cargo build --release --workspace --bins
 for s in $SEEDS; do
   echo "== seed $s"
@@ -18,9 +22,10 @@ for s in $SEEDS; do
     --set grpo.rollout.seed=$s --set rredcot.rollout.seed=$s > "$TMP/seed$s.json"
   echo "$(( $(date +%s) - start ))" > "$TMP/seed$s.wall"
 done
-$PY - "$TMP" "$STORE" bench/results/training.json $SEEDS <<'PYEOF'
-import json, math, os, sys, statistics as st
-tmp, store, out, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+$PY - "$TMP" "$STORE" "$OUT" "$cold" $SEEDS <<'PYEOF'
+import json, math, os, platform, sys, statistics as st
+import torch
+tmp, store, out, cold, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5:]
 # Two-sided 95% Student t quantiles by degrees of freedom (n seeds -> n - 1).
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 def ci95(xs):
@@ -73,6 +78,13 @@ res = {
     "ci95": "Student t over seeds (mean ± t_{0.975,n-1} · sd / sqrt(n)); steps ratio censored at 1 when never reached",
     "per_seed": runs,
 }
+if cold:  # the first seed ran from an empty store: SFT and base evaluations included
+    res["quickstart_cold_wall_s"] = runs[seeds[0]]["pipeline_wall_s"]
+res["machine"] = platform.machine() + " " + str(os.cpu_count()) + " cpus"
+cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][:1]
+res["cpu_model"] = cpu[0] if cpu else None
+# ATen's kernels (ATEN_CPU_CAPABILITY unset): AVX2 and AVX-512 ones round differently.
+res["native_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps({k: v for k, v in res.items() if k != "per_seed"}, indent=2))
 PYEOF
