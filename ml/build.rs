@@ -62,10 +62,24 @@ fn cuda_graphs(lib: &std::path::Path) {
     println!("cargo:rustc-cfg=rredcot_cuda_graphs");
 }
 
+/// Compiles ml/csrc/cpu_capability.cpp (ATen's CPU kernel set for the run records,
+/// src/aten_kernels.rs): a declaration of a libtorch function, no torch headers.
+fn cpu_capability() {
+    println!("cargo:rerun-if-changed=csrc/cpu_capability.cpp");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/cpu_capability.cpp")
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .compile("rredcot_cpu_capability");
+}
+
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo::rustc-check-cfg=cfg(rredcot_cuda_graphs)");
+    cpu_capability();
     if let Some(lib) = torch_lib_dir() {
         cuda_graphs(&lib);
         let worker = "rredcot-worker";

@@ -9,7 +9,9 @@
 //! - [`stages`]: builtin stages that need the model; [`stages::FULL_RUNTIME`] is what
 //!   `rredcot-worker` runs (the engine binary `rredcot` hands those instances to it)
 //! - [`serve`]: `rredcot serve`, an OpenAI-compatible chat completions server over the model core
+//! - [`aten_kernels`]: which CPU kernels ATen runs (in every ML stage's run record)
 
+pub mod aten_kernels;
 pub mod model;
 pub mod sampling;
 pub mod serve;

@@ -124,6 +124,9 @@ fn same_inputs_params_and_seed_give_the_same_checkpoint_hash() {
     assert_eq!(a["key"], b["key"]);
     assert_eq!(a["outputs"]["model"]["hash"], b["outputs"]["model"]["hash"]);
     assert!(a["outputs"]["model"]["hash"].as_str().is_some());
+    // The record names the CPU kernels the numbers came from (other kernels, other hashes).
+    let kernels = rredcot_ml::aten_kernels::cpu_capability().expect("ATen's kernel set");
+    assert_eq!(b["versions"]["aten_cpu_capability"].as_str(), Some(kernels.as_str()), "{}", b["versions"]);
     // Without the worker next to it, the engine binary says so, naming the stage and the fix.
     let alone = dir.path().join("alone");
     std::fs::create_dir(&alone).unwrap();

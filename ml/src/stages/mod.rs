@@ -38,7 +38,17 @@ pub const STAGES: &[Builtin] = &[
 /// What the worker knows: the code of every builtin, light ones included.
 pub const FULL_CATALOG: Catalog = Catalog { builtins: &[rredcot::stages::STAGES, STAGES], worker_builtins: &[], schemas: rredcot::artifact::SCHEMAS };
 
-pub const FULL_RUNTIME: Runtime = Runtime { catalog: &FULL_CATALOG, worker: rredcot::stages::WORKER, versions: rredcot::versions, after_instance };
+pub const FULL_RUNTIME: Runtime = Runtime { catalog: &FULL_CATALOG, worker: rredcot::stages::WORKER, versions, after_instance };
+
+/// rredcot's versions, plus the CPU kernels ATen runs (`aten_cpu_capability`): on the CPU the
+/// same inputs give other numbers under AVX2 and AVX-512 kernels.
+fn versions() -> std::collections::BTreeMap<String, String> {
+    let mut v = rredcot::versions();
+    if let Some(kernels) = crate::aten_kernels::cpu_capability() {
+        v.insert("aten_cpu_capability".into(), kernels);
+    }
+    v
+}
 
 /// After an instance in a warm stage process (engine/src/warm.rs): a process that sees a GPU
 /// gives back the CUDA caching allocator's blocks, as the end of a process would, because the next
