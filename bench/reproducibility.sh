@@ -39,8 +39,9 @@ for c in $CONFIGS; do
 done
 
 $PY - "$TMP" "$OUT" "$CONFIGS" <<'PYEOF'
-import json, os, sys, platform
-import torch
+import json, os, sys
+sys.path.insert(0, "bench")
+import machine
 from safetensors.torch import load_file
 tmp, out, configs = sys.argv[1], sys.argv[2], sys.argv[3].split()
 def summary(name): return json.load(open(os.path.join(tmp, name + ".json")))
@@ -72,12 +73,9 @@ for c in configs:
         "avg_at_k_moved_points": moved,
     }
 res["max_moved_points"] = max([abs(v) for c in res["configs"].values() for v in c["avg_at_k_moved_points"].values()] or [0.0])
-res["machine"] = platform.machine() + " " + str(os.cpu_count()) + " cpus"
-cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][:1]
-res["cpu_model"] = cpu[0] if cpu else None
-# The ATen kernels the reference run used (ATEN_CPU_CAPABILITY unset): on a CPU whose native
-# capability is AVX2, the avx2 configuration is the reference's own kernels.
-res["native_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+# native_cpu_capability: the ATen kernels the reference run used (ATEN_CPU_CAPABILITY unset); on
+# a CPU whose native capability is AVX2, the avx2 configuration is the reference's own kernels.
+res.update(machine.facts())
 res["command"] = f"CONFIGS='{' '.join(configs)}'" + ("" if out == "bench/results/reproducibility.json" else f" OUT={out}") + " bash bench/reproducibility.sh"
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps(res, indent=2))

@@ -23,8 +23,9 @@ for s in $SEEDS; do
   echo "$(( $(date +%s) - start ))" > "$TMP/seed$s.wall"
 done
 $PY - "$TMP" "$STORE" "$OUT" "$cold" $SEEDS <<'PYEOF'
-import json, math, os, platform, sys, statistics as st
-import torch
+import json, math, os, sys, statistics as st
+sys.path.insert(0, "bench")
+import machine
 tmp, store, out, cold, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5:]
 # Two-sided 95% Student t quantiles by degrees of freedom (n seeds -> n - 1).
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -80,11 +81,7 @@ res = {
 }
 if cold:  # the first seed ran from an empty store: SFT and base evaluations included
     res["quickstart_cold_wall_s"] = runs[seeds[0]]["pipeline_wall_s"]
-res["machine"] = platform.machine() + " " + str(os.cpu_count()) + " cpus"
-cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][:1]
-res["cpu_model"] = cpu[0] if cpu else None
-# ATen's kernels (ATEN_CPU_CAPABILITY unset): AVX2 and AVX-512 ones round differently.
-res["native_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+res.update(machine.facts())
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps({k: v for k, v in res.items() if k != "per_seed"}, indent=2))
 PYEOF
