@@ -758,7 +758,7 @@ trait Slots {
     /// Prefills `prompt` alone into slot `s` (its cache columns from 0); it decodes from the
     /// next step on.
     fn fill(&mut self, s: usize, prompt: &[i64]);
-    /// Slot `s` decodes nothing more (its row finished and no prompt waits).
+    /// Slot `s`'s row finished: the slot decodes nothing until it is filled again.
     fn free(&mut self, s: usize);
     /// `n` steps, step `j` sampling with uniforms `u[j]` (`[slots]`): each step's `[slots, 4]`
     /// record.
