@@ -14,7 +14,11 @@
 # figure, every run kept (`*_runs`).
 # GPU_PARTS (default "decode train quickstart table2") picks the parts to run; the keys of the
 # parts not run are kept from the existing bench/results/gpu.json (each part's entry in
-# `measured` says which run wrote it). TABLE2_PROMPTS (default 64) sizes the Table 2 step and
+# `measured` says which run wrote it). Within the decode part DECODE_FIGURES (bench_gpu's figure
+# names, default all) and BATCHES (transformers' batch sizes, default "1 64 256") pick the
+# figures, DECODE_TIMEOUT (seconds) bounds our side: the figures finished before it are kept,
+# each figure's run is stamped in `decode_measured`, and a ratio is only formed from two figures
+# of the same run. TABLE2_PROMPTS (default 64) sizes the Table 2 step and
 # TABLE2_SETS adds `--set`s to it (kept in table2.sets);
 # below 64 the rollout alone also runs at 64 prompts and the other stages' seconds at 64 are
 # extrapolated linearly in rows (and marked so).
@@ -43,10 +47,15 @@ has() { [[ $parts == *" $1 "* ]]; }
 echo '{}' >"$TMP/ours.json"; echo '{}' >"$TMP/transformers.json"; echo null >"$TMP/train.json"
 echo null >"$TMP/table2.json"; CPU_S=null GPU_S=null
 if has decode || has table2; then
-  run examples/bench_gpu "$TMP"
+  # Cut short (DECODE_TIMEOUT) or failed after the checkpoint: the figures written so far count.
+  limit=(timeout "${DECODE_TIMEOUT:-0}")
+  run examples/bench_gpu "$TMP" || echo "bench_gpu stopped early (exit $?): keeping the figures it wrote" >&2
+  limit=()
+  [ -f "$TMP/model/config.json" ] || { echo "bench_gpu wrote no checkpoint: nothing to compare" >&2; exit 1; }
 fi
 if has decode; then
-  $PY bench/gpu_transformers.py "$TMP/model" "$TMP/prompt.json" "$TMP/transformers.json"
+  $PY bench/gpu_transformers.py "$TMP/model" "$TMP/prompt.json" "$TMP/transformers.json" ||
+    echo "transformers' decode failed (exit $?): keeping the batches it finished" >&2
 fi
 if has table2; then
   # The Table 2 step on bench_gpu's checkpoint (the 1.5B shape, random weights, bf16).
@@ -175,24 +184,29 @@ measured = res.setdefault("measured", {})
 res.update({"command": "bash bench/gpu.sh", "gpu": gpu,
             "model": "Qwen2 1.5B shape (DeepSeek-R1-Distill-Qwen-1.5B), random weights, bf16, CUDA"})
 if "decode" in parts:
-    for b in (1, 64, 256):
-        res[f"decode_tok_s_b{b}"] = ours[f"decode_tok_s_b{b}"]
-        res[f"transformers_decode_tok_s_b{b}"] = theirs[f"transformers_decode_tok_s_b{b}"]
-        res[f"transformers_decode_tok_s_b{b}_runs"] = theirs.get(f"transformers_decode_tok_s_b{b}_runs")
+    # This run's figures (DECODE_FIGURES / BATCHES may have picked some): each replaces its
+    # earlier value and is stamped; the others keep theirs.
+    now = {**theirs, **ours}
+    res.update(now)
+    res.setdefault("decode_measured", {}).update({k: stamp for k in now if not k.endswith("_runs")})
+    def ratio(name, num, den):
+        """name = num / den where both are this run's; dropped where only one is (a stale pair)."""
+        if num in now and den in now:
+            res[name] = now[num] / now[den]
+        elif num in now or den in now:
+            res.pop(name, None)
     for b in (1, 256):
-        res[f"decode_speedup_vs_transformers_b{b}"] = ours[f"decode_tok_s_b{b}"] / theirs[f"transformers_decode_tok_s_b{b}"]
-    res.update(ours)
+        ratio(f"decode_speedup_vs_transformers_b{b}", f"decode_tok_s_b{b}", f"transformers_decode_tok_s_b{b}")
     for b in (1, 64, 256):
-        res[f"decode_fusion_speedup_b{b}"] = ours[f"decode_tok_s_b{b}"] / ours[f"decode_unfused_tok_s_b{b}"]
-        if f"decode_graph_tok_s_b{b}" in ours:
-            res[f"decode_graph_speedup_b{b}"] = ours[f"decode_graph_tok_s_b{b}"] / ours[f"decode_tok_s_b{b}"]
+        ratio(f"decode_fusion_speedup_b{b}", f"decode_tok_s_b{b}", f"decode_unfused_tok_s_b{b}")
+        ratio(f"decode_graph_speedup_b{b}", f"decode_graph_tok_s_b{b}", f"decode_tok_s_b{b}")
+    ratio("decode_graph_speedup_vs_transformers_b256", "decode_graph_tok_s_b256", "transformers_decode_tok_s_b256")
     # Continuous batching (the stages' default) at b256, eager and replayed, against the static batch.
-    if "decode_continuous_tok_s_b256" in ours:
-        res["decode_continuous_over_static_b256"] = ours["decode_continuous_tok_s_b256"] / ours["decode_tok_s_b256"]
-        res["decode_continuous_speedup_vs_transformers_b256"] = ours["decode_continuous_tok_s_b256"] / theirs["transformers_decode_tok_s_b256"]
-    if "decode_continuous_graph_tok_s_b256" in ours:
-        res["decode_continuous_graph_speedup_vs_transformers_b256"] = ours["decode_continuous_graph_tok_s_b256"] / theirs["transformers_decode_tok_s_b256"]
-    measured["decode"] = stamp
+    ratio("decode_continuous_over_static_b256", "decode_continuous_tok_s_b256", "decode_tok_s_b256")
+    ratio("decode_continuous_speedup_vs_transformers_b256", "decode_continuous_tok_s_b256", "transformers_decode_tok_s_b256")
+    ratio("decode_continuous_graph_speedup_vs_transformers_b256", "decode_continuous_graph_tok_s_b256", "transformers_decode_tok_s_b256")
+    figures = os.environ.get("DECODE_FIGURES")
+    measured["decode"] = stamp + (f" (figures: {figures})" if figures else "")
 if "quickstart" in parts:
     res["quickstart_cpu_s"], res["quickstart_gpu_s"] = cpu_s, gpu_s
     # Per stage, to tell a GPU's fixed costs (process start, CUDA context) from its compute.

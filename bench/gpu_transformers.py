@@ -3,6 +3,8 @@ bench_gpu saved, the same 64-token prompt, 128 new tokens sampled at T = 1, batc
 reported.
 
 usage: gpu_transformers.py MODEL_DIR PROMPT_IDS_JSON OUT_JSON
+BATCHES (space-separated, default "1 64 256"): the batch sizes decoded. OUT_JSON is rewritten
+after each, so a run cut short keeps the batches it finished.
 """
 import json
 import os
@@ -20,7 +22,7 @@ model.generation_config.pad_token_id = 0
 prompt = json.load(open(ids_json))
 res = {"gpu": torch.cuda.get_device_name(0)}
 with torch.no_grad():
-    for b in (1, 64, 256):
+    for b in [int(b) for b in os.environ.get("BATCHES", "1 64 256").split()]:
         ids = torch.tensor([prompt] * b, device="cuda")
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
         # Warm-up: the same decode in full (a first decode at a batch size runs slower).
@@ -36,5 +38,6 @@ with torch.no_grad():
             runs.append((g.shape[1] - len(prompt)) * b / (time.perf_counter() - t))
         res[f"transformers_decode_tok_s_b{b}"] = statistics.median(runs)
         res[f"transformers_decode_tok_s_b{b}_runs"] = runs
+        json.dump(res, open(out, "w"))
 json.dump(res, open(out, "w"))
 print(json.dumps(res))

@@ -98,6 +98,9 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("usage: bench_gpu OUT_DIR | bench_gpu train DTYPE CHECKPOINTING BATCH LEN")
     };
     let out = Path::new(out);
+    // DECODE_FIGURES (space-separated, default every one of FIGURES): the decode figures this run
+    // measures, so a GPU session short of device time measures what is new.
+    let figures = decode_figures()?;
     // BENCH_GPU_SMOKE=1: the whole run on the CPU with a tiny model of the same layout, to check
     // before device time is spent that every part runs to its JSON (its figures mean nothing).
     let smoke = std::env::var("BENCH_GPU_SMOKE").is_ok_and(|v| v == "1");
@@ -163,6 +166,8 @@ fn main() -> anyhow::Result<()> {
     let flat = |s: &[Vec<f64>]| s.iter().flatten().copied().collect::<Vec<f64>>();
     let s32 = sigma(&f32_scores);
     model::save(&m, None, &out.join("model"))?;
+    // Before any decode: transformers' side needs the prompt even if this run is cut short.
+    std::fs::write(out.join("prompt.json"), serde_json::to_string(&prompt)?)?;
 
     let mut res = serde_json::Map::new();
     for (name, scores) in [("bf16", &bf16_scores), ("tf32", &tf32_scores)] {
@@ -173,6 +178,13 @@ fn main() -> anyhow::Result<()> {
         eprintln!("σ scoring, {n_traces} traces x 120 cuts, {name}: {secs:.2} s");
         res.insert(format!("score_seconds_{n_traces}x120_cuts_{name}"), secs.into());
     }
+    let wanted = |key: &str| figures.iter().any(|f| f == key);
+    // ours.json after every figure: a run stopped by bench/gpu.sh's DECODE_TIMEOUT keeps the
+    // figures it finished.
+    let save = |res: &serde_json::Map<String, serde_json::Value>| -> anyhow::Result<()> {
+        Ok(std::fs::write(out.join("ours.json"), serde_json::to_string_pretty(res)?)?)
+    };
+    save(&res)?;
     // Tokens/s of decodes of `b` copies of the prompt after a warm-up: REPEATS timed runs
     // (default 3), the median and every run (one timed run per figure left a 20-30% spread at
     // b256 unexplained).
@@ -221,7 +233,8 @@ fn main() -> anyhow::Result<()> {
     };
     // The sampler alone on [B, V] float32 probabilities: the one-level inverse cdf (PyTorch's
     // scan over a whole row) against the two-level one CUDA decoding uses.
-    for b in [1i64, 64, 256] {
+    let sampler_batches: &[i64] = if wanted("sampler") { &[1, 64, 256] } else { &[] };
+    for &b in sampler_batches {
         let probs = (Tensor::randn([b, cfg.vocab_size], (Kind::Float, dev)) * 3.0).softmax(-1, Kind::Float);
         let u = Tensor::rand([b], (Kind::Float, dev));
         let time = |f: &dyn Fn() -> Tensor| {
@@ -250,9 +263,13 @@ fn main() -> anyhow::Result<()> {
                    batches: &[usize],
                    t: f64|
      -> anyhow::Result<()> {
+        if !wanted(key) {
+            return Ok(());
+        }
         for &b in batches {
             let rate = record(res, format!("{key}_tok_s_b{b}"), decode(m, b, t, key.starts_with("decode_continuous"))?);
             eprintln!("ours {what} b{b}: {rate:.0} tok/s");
+            save(res)?;
         }
         Ok(())
     };
@@ -271,8 +288,24 @@ fn main() -> anyhow::Result<()> {
     res.insert("decode_cuda_graphs".into(), model::cuda_graph::AVAILABLE.into());
     if model::cuda_graph::AVAILABLE {
         std::env::set_var("RREDCOT_DECODE_GRAPHS", "1");
-        measure(&mut res, &m, "decode_graph", "bf16 sampled, steps replayed as a CUDA graph,", &[1, 64, 256], 1.0)?;
-        measure(&mut res, &m, "decode_continuous_graph", "bf16 sampled, continuous batching replayed as a CUDA graph,", &[256], 1.0)?;
+        // Not yet run on a GPU: a failed capture is recorded as `{key}_error` and the figures
+        // after it are still measured (where the CUDA context survived it).
+        for (key, what, batches) in [
+            ("decode_graph", "bf16 sampled, steps replayed as a CUDA graph,", &[1, 64, 256][..]),
+            ("decode_continuous_graph", "bf16 sampled, continuous batching replayed as a CUDA graph,", &[256]),
+        ] {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| measure(&mut res, &m, key, what, batches, 1.0)));
+            let error = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("{e:#}")),
+                Err(panic) => Some(panic_message(panic.as_ref())),
+            };
+            if let Some(e) = error {
+                eprintln!("ours {what}: FAILED: {e}");
+                res.insert(format!("{key}_error"), e.into());
+                save(&res)?;
+            }
+        }
         std::env::remove_var("RREDCOT_DECODE_GRAPHS");
     }
     measure(&mut res, &m, "decode_greedy", "bf16 greedy", &[1, 256], 0.0)?;
@@ -281,7 +314,39 @@ fn main() -> anyhow::Result<()> {
     set_cuda_matmul_tf32(true);
     measure(&mut res, &m, "decode_tf32", "f32 with TF32 products, sampled", &[1, 64, 256], 1.0)?;
     set_cuda_matmul_tf32(false);
-    std::fs::write(out.join("ours.json"), serde_json::to_string_pretty(&res)?)?;
-    std::fs::write(out.join("prompt.json"), serde_json::to_string(&prompt)?)?;
-    Ok(())
+    save(&res)
+}
+
+/// The decode figures `bench_gpu OUT_DIR` can measure (DECODE_FIGURES names some of them).
+const FIGURES: [&str; 9] = [
+    "sampler",
+    "decode",
+    "decode_continuous",
+    "decode_unfused",
+    "decode_graph",
+    "decode_continuous_graph",
+    "decode_greedy",
+    "decode_f32",
+    "decode_tf32",
+];
+
+/// DECODE_FIGURES's names (every figure when unset), each checked against [`FIGURES`].
+fn decode_figures() -> anyhow::Result<Vec<String>> {
+    let Ok(list) = std::env::var("DECODE_FIGURES") else {
+        return Ok(FIGURES.iter().map(|f| f.to_string()).collect());
+    };
+    let names: Vec<String> = list.split_whitespace().map(String::from).collect();
+    if let Some(bad) = names.iter().find(|n| !FIGURES.contains(&n.as_str())) {
+        anyhow::bail!("DECODE_FIGURES: no figure named {bad:?} (known: {})", FIGURES.join(" "));
+    }
+    Ok(names)
+}
+
+/// What a caught panic said.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic without a message".into())
 }
