@@ -254,20 +254,20 @@ fn main() -> anyhow::Result<()> {
         res.insert(format!("sampler_ms_chunked_b{b}"), two.into());
     }
     // `key`_tok_s_b{b}: the median decode rate at each batch in `batches`, sampled at `t`, in
-    // one static batch, or through continuous batching where `key` starts with
-    // "decode_continuous".
+    // one static batch or through continuous batching (`continuous`).
     let measure = |res: &mut serde_json::Map<String, serde_json::Value>,
                    m: &DecoderLm,
                    key: &str,
                    what: &str,
                    batches: &[usize],
-                   t: f64|
+                   t: f64,
+                   continuous: bool|
      -> anyhow::Result<()> {
         if !wanted(key) {
             return Ok(());
         }
         for &b in batches {
-            let rate = record(res, format!("{key}_tok_s_b{b}"), decode(m, b, t, key.starts_with("decode_continuous"))?);
+            let rate = record(res, format!("{key}_tok_s_b{b}"), decode(m, b, t, continuous)?);
             eprintln!("ours {what} b{b}: {rate:.0} tok/s");
             save(res)?;
         }
@@ -275,13 +275,13 @@ fn main() -> anyhow::Result<()> {
     };
     // bf16 sampled at T = 1 is the headline (transformers' side of the table); greedy bf16 and
     // f32 sampled are what `device = auto`'s dtype choice rests on.
-    measure(&mut res, &m, "decode", "bf16 sampled", &[1, 64, 256], 1.0)?;
+    measure(&mut res, &m, "decode", "bf16 sampled", &[1, 64, 256], 1.0, false)?;
     // The sampling stages' default path: the same rows through continuous batching.
-    measure(&mut res, &m, "decode_continuous", "bf16 sampled, continuous batching,", &[256], 1.0)?;
+    measure(&mut res, &m, "decode_continuous", "bf16 sampled, continuous batching,", &[256], 1.0, true)?;
     // The same decode with q|k|v and gate|up as separate products (the path before they were
     // fused, and the CPU's), in the same run.
     std::env::set_var("RREDCOT_DECODE_FUSION", "0");
-    measure(&mut res, &m, "decode_unfused", "bf16 sampled, projections not fused,", &[1, 64, 256], 1.0)?;
+    measure(&mut res, &m, "decode_unfused", "bf16 sampled, projections not fused,", &[1, 64, 256], 1.0, false)?;
     std::env::remove_var("RREDCOT_DECODE_FUSION");
     // The same decode with its steps replayed as a CUDA graph (where this build has them:
     // bench/gpu_bundle.sh; opt-in by RREDCOT_DECODE_GRAPHS=1), in the same run.
@@ -290,11 +290,13 @@ fn main() -> anyhow::Result<()> {
         std::env::set_var("RREDCOT_DECODE_GRAPHS", "1");
         // Not yet run on a GPU: a failed capture is recorded as `{key}_error` and the figures
         // after it are still measured (where the CUDA context survived it).
-        for (key, what, batches) in [
-            ("decode_graph", "bf16 sampled, steps replayed as a CUDA graph,", &[1, 64, 256][..]),
-            ("decode_continuous_graph", "bf16 sampled, continuous batching replayed as a CUDA graph,", &[256]),
+        for (key, what, batches, continuous) in [
+            ("decode_graph", "bf16 sampled, steps replayed as a CUDA graph,", &[1, 64, 256][..], false),
+            ("decode_continuous_graph", "bf16 sampled, continuous batching replayed as a CUDA graph,", &[256], true),
         ] {
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| measure(&mut res, &m, key, what, batches, 1.0)));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                measure(&mut res, &m, key, what, batches, 1.0, continuous)
+            }));
             let error = match outcome {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(format!("{e:#}")),
@@ -308,11 +310,11 @@ fn main() -> anyhow::Result<()> {
         }
         std::env::remove_var("RREDCOT_DECODE_GRAPHS");
     }
-    measure(&mut res, &m, "decode_greedy", "bf16 greedy", &[1, 256], 0.0)?;
+    measure(&mut res, &m, "decode_greedy", "bf16 greedy", &[1, 256], 0.0, false)?;
     m.set_kind(Kind::Float);
-    measure(&mut res, &m, "decode_f32", "f32 sampled", &[1, 64, 256], 1.0)?;
+    measure(&mut res, &m, "decode_f32", "f32 sampled", &[1, 64, 256], 1.0, false)?;
     set_cuda_matmul_tf32(true);
-    measure(&mut res, &m, "decode_tf32", "f32 with TF32 products, sampled", &[1, 64, 256], 1.0)?;
+    measure(&mut res, &m, "decode_tf32", "f32 with TF32 products, sampled", &[1, 64, 256], 1.0, false)?;
     set_cuda_matmul_tf32(false);
     save(&res)
 }
