@@ -3,7 +3,8 @@
 //! in bfloat16, 64-token prompt, 128 new tokens sampled at T = 1, batch 1, 64 and 256 (also
 //! greedy in bf16, sampled in f32 and in f32 with TF32 products, what `dtype`'s choices rest on);
 //! σ (40 cuts of a 1,000-token trace) scored in bf16 and with TF32 products against f32, and σ
-//! scoring's seconds at Table 2's shape in each. Saves the model as a Hugging Face
+//! scoring's seconds at Table 2's shape in each; where a decode step's time goes, piece by piece
+//! (`model::step_profile`). Saves the model as a Hugging Face
 //! checkpoint so transformers (bench/gpu_transformers.py) decodes the same weights.
 //!
 //! usage: bench_gpu OUT_DIR  (writes OUT_DIR/ours.json and OUT_DIR/model/)
@@ -19,6 +20,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rredcot::credit::sigma;
 use rredcot_ml::model::matmul_precision::set_cuda_matmul_tf32;
+use rredcot_ml::model::step_profile::{self, StepMask};
 use rredcot_ml::model::{self, DecoderLm, ModelConfig, SamplingParams};
 use rredcot_ml::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
 use rredcot_ml::train::step::{TrainDtype, TrainModel};
@@ -253,6 +255,20 @@ fn main() -> anyhow::Result<()> {
         res.insert(format!("sampler_ms_one_level_b{b}"), one.into());
         res.insert(format!("sampler_ms_chunked_b{b}"), two.into());
     }
+    // Where a bf16 decode step's time goes, per piece over the layers, at 128 cached tokens (the
+    // middle of the decode below), on the eager static batch's attention and on the biased one
+    // continuous batching and the CUDA graphs run.
+    if wanted("step_breakdown") {
+        for b in [1i64, 64, 256] {
+            for (name, mask) in [("full", StepMask::Full), ("bias", StepMask::Bias)] {
+                let pieces = step_profile::decode_step(&m, b, 128, mask, if smoke { 2 } else { 20 });
+                eprintln!("decode step b{b} ({name} attention), ms: {pieces:?}");
+                let map: serde_json::Map<String, serde_json::Value> = pieces.into_iter().map(|(k, ms)| (k.to_string(), ms.into())).collect();
+                res.insert(format!("step_breakdown_ms_b{b}_{name}"), map.into());
+            }
+        }
+        save(&res)?;
+    }
     // `key`_tok_s_b{b}: the median decode rate at each batch in `batches`, sampled at `t`, in
     // one static batch or through continuous batching (`continuous`).
     let measure = |res: &mut serde_json::Map<String, serde_json::Value>,
@@ -320,8 +336,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// The decode figures `bench_gpu OUT_DIR` can measure (DECODE_FIGURES names some of them).
-const FIGURES: [&str; 9] = [
+const FIGURES: [&str; 10] = [
     "sampler",
+    "step_breakdown",
     "decode",
     "decode_continuous",
     "decode_unfused",

@@ -21,10 +21,10 @@ pub struct DecoderLm {
     pub cfg: ModelConfig,
     pub vs: nn::VarStore,
     embed_tokens: Tensor,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
+    pub(super) layers: Vec<DecoderLayer>,
+    pub(super) norm: RmsNorm,
     lm_head: Tensor,
-    rotary: Rotary,
+    pub(super) rotary: Rotary,
 }
 
 impl DecoderLm {

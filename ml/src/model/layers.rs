@@ -150,8 +150,8 @@ impl Rotary {
 /// made for one generation cannot go stale under an optimizer step.
 #[derive(Debug)]
 pub struct FusedProjections {
-    qkv: Linear,
-    gate_up: Linear,
+    pub(super) qkv: Linear,
+    pub(super) gate_up: Linear,
 }
 
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
@@ -177,7 +177,7 @@ impl Mlp {
     }
 
     /// [`Self::forward`] with gate and up as one product (`gate_up` = [`Linear::stacked`]).
-    fn forward_fused(&self, x: &Tensor, gate_up: &Linear) -> Tensor {
+    pub(super) fn forward_fused(&self, x: &Tensor, gate_up: &Linear) -> Tensor {
         let y = gate_up.forward(x);
         let i = self.up_proj.weight.size()[0];
         self.down_proj.forward(&(y.narrow(-1, 0, i).silu() * y.narrow(-1, i, i)))
@@ -410,7 +410,7 @@ pub struct Attention {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
-    o_proj: Linear,
+    pub(super) o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     o: AttnOptions,
@@ -435,7 +435,7 @@ impl Attention {
     }
 
     /// Projects `x: [B, L, D]` to rotated `q: [B, H, L, hd]` and `k, v: [B, KV, L, hd]`.
-    fn qkv(&self, x: &Tensor, rope: &RopeTables) -> (Tensor, Tensor, Tensor) {
+    pub(super) fn qkv(&self, x: &Tensor, rope: &RopeTables) -> (Tensor, Tensor, Tensor) {
         let (b, l) = (x.size()[0], x.size()[1]);
         let heads = |t: Tensor, n: i64| t.view([b, l, n, self.o.head_dim]);
         let mut q = heads(self.q_proj.forward(x), self.o.n_heads);
@@ -455,7 +455,7 @@ impl Attention {
     /// [`Self::qkv`] from one product with `qkv` (= [`Linear::stacked`] q|k|v): the query and key
     /// heads are already side by side in its output, so they rotate together without a `cat`
     /// (Qwen3 normalises each head first and concatenates), by [`Rotary::apply_flipped`].
-    fn qkv_fused(&self, x: &Tensor, rope: &RopeTables, qkv: &Linear) -> (Tensor, Tensor, Tensor) {
+    pub(super) fn qkv_fused(&self, x: &Tensor, rope: &RopeTables, qkv: &Linear) -> (Tensor, Tensor, Tensor) {
         let (b, l) = (x.size()[0], x.size()[1]);
         let (h, kv, d) = (self.o.n_heads, self.o.n_kv_heads, self.o.head_dim);
         let y = qkv.forward(x);
@@ -488,7 +488,7 @@ impl Attention {
     }
 
     /// Attention of rotated `q` over `k`, `v` (appended to `cache` first), projected out.
-    fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: &AttnMask, cache: Option<&mut LayerKv>) -> Tensor {
+    pub(super) fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: &AttnMask, cache: Option<&mut LayerKv>) -> Tensor {
         let (k, v) = match cache {
             Some(c) => c.append(&k, &v),
             None => (k, v),
@@ -595,10 +595,10 @@ fn attend_grouped(q: &Tensor, k: &Tensor, v: &Tensor, mask: &AttnMask, groups: i
 /// One pre-norm transformer block.
 #[derive(Debug)]
 pub struct DecoderLayer {
-    input_layernorm: RmsNorm,
-    self_attn: Attention,
-    post_attention_layernorm: RmsNorm,
-    mlp: Mlp,
+    pub(super) input_layernorm: RmsNorm,
+    pub(super) self_attn: Attention,
+    pub(super) post_attention_layernorm: RmsNorm,
+    pub(super) mlp: Mlp,
 }
 
 impl DecoderLayer {

@@ -21,6 +21,7 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod score;
 mod static_decode;
+pub mod step_profile;
 pub mod tokenizer;
 pub mod weights;
 
