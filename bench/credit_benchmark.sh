@@ -66,8 +66,10 @@ fi
 $BIN --store "$STORE" pipeline run $PIPELINE -j 1 --json --set rollout.limit=$PROMPTS --set rollout.group_size=$GROUP "${sets[@]}" "${force[@]}" > "$TMP/run.json"
 
 $PY - "$TMP/run.json" "$STORE" bench/results/credit_benchmark.json "$PROMPTS" "$GROUP" "$PROFILE" "$REAL" "$MODEL" "$TRACES" "$SKIP" "${NOT_RUN_REASON:-}" "${MEASURED_ALONGSIDE:-}" <<'PYEOF'
-import json, os, sys, platform
+import json, os, sys
 import pyarrow.parquet as pq
+sys.path.insert(0, "bench")
+import machine
 run, store, out, prompts, group, profile, real, model, traces, skip, not_run_reason, alongside = sys.argv[1:13]
 summary = json.load(open(run))
 def inst(stage): return os.path.join(store, "instances", summary["keys"][stage])
@@ -104,7 +106,7 @@ res = {
     "cost_measure": "cost_s_per_trace: seconds in the stage's scoring/sampling loop per trace scored (every trace, correct ones too; model load and process start excluded)",
     "scale": {"prompts": int(prompts), "samples_per_prompt": int(group), "segmentation": "one segment per line (keyword, \\n)"},
     "build_profile": profile,
-    "machine": platform.machine() + " " + str(os.cpu_count()) + " cpus",
+    **machine.facts(),
     "command": f"PROMPTS={prompts} GROUP={group} bash bench/credit_benchmark.sh",
 }
 if alongside:

@@ -47,7 +47,9 @@ print(json.dumps({st: {"wall_s": rec(st)["wall_s"], "tokens": rec(st)["counters"
 PYEOF
 done
 $PY - "$TMP/walls.jsonl" bench/results/engines.json "$PROFILE" <<'PYEOF'
-import json, os, platform, statistics, sys
+import json, os, statistics, sys
+sys.path.insert(0, "bench")
+import machine
 runs = [json.loads(l) for l in open(sys.argv[1])]
 med = lambda st: statistics.median(r[st]["wall_s"] for r in runs)
 b, h, hp, hl = med("builtin"), med("http"), med("http_prefill"), med("http_lockstep")
@@ -56,7 +58,7 @@ out = {
     "what": "rollout of the tiny default-world policy (64 prompts x 8 samples, <= 256 new tokens, T = 1): built-in vs through `rredcot serve` started by the stage",
     "command": f"PROFILE={sys.argv[3]} bench/engines.sh",
     "profile": sys.argv[3],
-    "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+    **machine.facts(),
     "threads": 1,
     "reps": len(runs),
     "tokens_generated": last["builtin"]["tokens"],

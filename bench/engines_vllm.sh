@@ -135,7 +135,9 @@ LEFT_AFTER_KILL=$(engines_with "$HASH")
 
 export REFUSED LEFT_AFTER_STAGES ENGINES_WHILE_RUNNING LEFT_AFTER_KILL
 $PY - "$TMP/run.json" "$TMP/url.json" "$STORE" bench/results/engines.json "$PROFILE" "$VLLM_VENV" <<'PYEOF'
-import json, os, platform, statistics, sys
+import json, os, statistics, sys
+sys.path.insert(0, "bench")
+import machine
 run, url, store, out_path, profile, venv = sys.argv[1:]
 def rec(summary, st):
     s = json.load(open(summary))
@@ -153,7 +155,7 @@ out["vllm_cpu"] = {
     "what": "the tiny default-world policy (2 layers, hidden 64, head_dim 32, f32) through vLLM's CPU build, started and stopped by the stage over the checkpoint rredcot wrote: rollout of 64 prompts x 8 samples <= 256 tokens, T = 1 (and T = 0.7 with top_k = 20), built-in rollout of the same rows in the same run",
     "command": "bash bench/engines_vllm.sh",
     "profile": profile,
-    "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+    **machine.facts(),
     "engine": v["metrics"].get("engine"), "engine_version": v["metrics"].get("engine_version"),
     "vllm_package": "vllm-cpu 0.32.0 (torch 2.13.0)",
     "server_command": v["params"]["server_command"],

@@ -41,8 +41,10 @@ for n in $TRUNCATION; do
 done
 
 $PY - "$TMP" "$STORE" bench/results/methods.json "$PROFILE" "$PROMPTS" "$SEGMENTS" "$FINE_SEGMENTS" "$MC_MAX_NEW" "$TRUNCATION" <<'PYEOF'
-import json, os, sys, platform
+import json, os, sys
 import pyarrow.parquet as pq
+sys.path.insert(0, "bench")
+import machine
 tmp, store, out, profile, prompts, segments, fine_segments, mc_max_new, truncation = sys.argv[1:10]
 def inst(summary, stage): return os.path.join(store, "instances", summary["keys"][stage])
 def record(summary, stage): return json.load(open(os.path.join(inst(summary, stage), "run.json")))
@@ -142,7 +144,7 @@ res.update({
     "scale": {"prompts": int(prompts), "samples_per_prompt": 2, "mc_max_new_tokens": int(mc_max_new),
               "note": "reduced for 2 shared CPU cores; the paper uses 40 segments and 20 completions of up to 8196 tokens"},
     "build_profile": profile,
-    "machine": platform.machine() + " " + str(os.cpu_count()) + " cpus",
+    **machine.facts(),
     "command": f"PROMPTS={prompts} SEGMENTS={segments} FINE_SEGMENTS={fine_segments} MC_MAX_NEW={mc_max_new} TRUNCATION='{truncation}' bash bench/methods.sh",
     "per_method": coarse["per_method"],
     "fine_segmentation": fine,

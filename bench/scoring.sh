@@ -27,7 +27,9 @@ for spec in "quickstart $CKPT 300" "smollm2 $GGUF 1000"; do
 done
 
 $PY - "$TMP" "$STORE" bench/results/scoring.json "$THREADS" <<'PYEOF'
-import json, os, sys, platform
+import json, os, sys
+sys.path.insert(0, "bench")
+import machine
 tmp, store, out, threads = sys.argv[1:5]
 def load(name): return json.load(open(os.path.join(tmp, name)))
 summary = load("pipeline.json")
@@ -55,7 +57,7 @@ res = {
     "peak_rss_scoring_mb": s["peak_rss_kv_mb"],
     "headline_model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to f32), CPU",
     "threads": int(threads),
-    "machine": platform.machine() + " " + str(os.cpu_count()) + " cpus",
+    **machine.facts(),
     "per_model": per_model,
     "quickstart_pipeline_stages": stages,
 }
