@@ -136,6 +136,15 @@ fn cuda_logits_tokens_and_scores_agree_with_the_cpu() {
     let Some((dev, _f32)) = cuda_f32("cuda_logits_tokens_and_scores_agree_with_the_cpu") else {
         return;
     };
+    // With RREDCOT_DECODE_GRAPHS=1 every CUDA decode below must replay a graph: this build must
+    // have them, and each generate call captures one (checked below, not assumed).
+    let graphs = std::env::var("RREDCOT_DECODE_GRAPHS").is_ok_and(|v| v == "1");
+    assert!(
+        !graphs || rredcot_ml::model::cuda_graph::AVAILABLE,
+        "RREDCOT_DECODE_GRAPHS=1 but this build has no CUDA graphs (bench/gpu_bundle.sh builds them)"
+    );
+    let captured = rredcot_ml::model::cuda_graph::captures;
+    let before = captured();
     let cpu = small_model(11);
     let mut gpu = small_model(11);
     gpu.to_device(dev);
@@ -176,6 +185,14 @@ fn cuda_logits_tokens_and_scores_agree_with_the_cpu() {
     for ((c, g), k) in sc.iter().zip(&sg).zip(&sk) {
         assert_eq!(c.tokens, g.tokens, "sampled tokens, static batch");
         assert_eq!(c.tokens, k.tokens, "sampled tokens, continuous batching");
+    }
+    // Four CUDA decodes (static and continuous, greedy and sampled), each past its warm-up.
+    let graphs_captured = captured() - before;
+    if graphs {
+        assert_eq!(graphs_captured, 4, "CUDA graphs captured by the four decodes");
+        println!("CUDA graphs: {graphs_captured} captured and replayed, tokens equal to the CPU's");
+    } else {
+        assert_eq!(graphs_captured, 0, "a decode captured a graph without RREDCOT_DECODE_GRAPHS=1");
     }
 
     // bf16 decoding (fused RMSNorm, flash attention reading the grouped kv heads): one cached

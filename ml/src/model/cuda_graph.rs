@@ -18,6 +18,18 @@ pub const AVAILABLE: bool = cfg!(rredcot_cuda_graphs);
 /// Eager steps before the capture.
 pub const GRAPH_WARMUP: usize = 2;
 
+thread_local! {
+    /// Graphs captured on this thread so far: how a test tells that its decode replayed one
+    /// rather than running eagerly (a build or device without graphs falls back without a word).
+    /// Per thread, so tests running side by side do not count each other's.
+    static CAPTURES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many decode-step graphs this thread has captured.
+pub fn captures() -> usize {
+    CAPTURES.with(|c| c.get())
+}
+
 #[cfg(rredcot_cuda_graphs)]
 mod ffi {
     use std::ffi::{c_char, c_void, CStr};
@@ -135,6 +147,7 @@ impl Runner {
                     let out = run();
                     check("capture", unsafe { ffi::rr_graph_capture_end(g.handle) })?;
                     g.captured = true;
+                    CAPTURES.with(|c| c.set(c.get() + 1));
                     self.out = Some(out);
                 }
                 // A capture runs nothing: the captured step's first execution is a replay too.
