@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <string>
@@ -109,5 +110,17 @@ extern "C" int rr_empty_cache() {
   } catch (const std::exception& e) {
     last_error = e.what();
     return 1;
+  }
+}
+
+// `torch.cuda.memory_reserved()`: bytes the caching allocator holds from the driver on the
+// current device (what empty_cache gives back is what this drops by), or -1 on failure.
+extern "C" int64_t rr_memory_reserved() {
+  try {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+    return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
   }
 }

@@ -10,6 +10,8 @@
 //!   those paths too.
 //! - The GPU's decode path (fused projections, flip rotation, grouped queries over a bias)
 //!   against the separate products on the same GPU, in f32 and bf16.
+//! - A warm stage process gives the CUDA caching allocator's unused blocks back between
+//!   instances (`empty_cache`, the reserved bytes drop by the freed GiB; needs the CUDA shim).
 //! - Training on CUDA: activation checkpointing gives the plain gradients, and mixed precision
 //!   (bf16 compute, f32 master weights) gives f32 gradients close to the f32 ones.
 //! - A shortened quickstart with `device = "cuda"` on every ML stage against the same run on
@@ -223,6 +225,35 @@ fn cuda_logits_tokens_and_scores_agree_with_the_cpu() {
     for (a, b) in sc.iter().flatten().zip(sg.iter().flatten()) {
         assert!((a - b).abs() < 1e-4, "scored log-prob {a} vs {b}");
     }
+}
+
+/// What a warm stage process does between instances on a GPU (ml/src/stages/mod.rs): the
+/// caching allocator's unused blocks go back to the driver, so the next instance (or an inference
+/// server it starts) has the memory. Needs the CUDA shim (bench/gpu_bundle.sh's build).
+#[test]
+fn the_cuda_cache_is_given_back_between_warm_instances() {
+    use rredcot_ml::model::cuda_graph::{empty_cache, memory_reserved, AVAILABLE};
+    let Some(dev) = cuda("the_cuda_cache_is_given_back_between_warm_instances") else {
+        return;
+    };
+    if !AVAILABLE {
+        println!("SKIP the_cuda_cache_is_given_back_between_warm_instances: this build has no CUDA shim (bench/gpu_bundle.sh builds it)");
+        return;
+    }
+    const GIB: i64 = 1 << 30;
+    // From an emptied cache, so the GiB below cannot come from a block cached earlier.
+    assert!(empty_cache(), "empty_cache failed");
+    let before = memory_reserved().expect("reserved bytes");
+    let held = {
+        let _t = Tensor::ones([GIB / 4], (Kind::Float, dev));
+        memory_reserved().expect("reserved bytes")
+    };
+    assert!(held >= before + GIB, "a 1 GiB tensor reserved {} bytes more", held - before);
+    assert!(empty_cache(), "empty_cache failed");
+    let after = memory_reserved().expect("reserved bytes");
+    // Tests running beside this one may reserve a little meanwhile; the freed GiB must be gone.
+    assert!(after <= held - GIB / 2, "reserved {held} bytes before empty_cache, {after} after");
+    println!("CUDA cache: {} MiB reserved with a 1 GiB tensor, {} MiB after it was freed and the cache emptied", held >> 20, after >> 20);
 }
 
 /// The GPU's decode path (q|k|v and gate|up as one product each, the rotation by `flip`, each

@@ -43,6 +43,7 @@ mod ffi {
         pub fn rr_graph_exit(g: *mut c_void) -> i32;
         pub fn rr_graph_free(g: *mut c_void);
         pub fn rr_empty_cache() -> i32;
+        pub fn rr_memory_reserved() -> i64;
         fn rr_graph_last_error() -> *const c_char;
     }
 
@@ -68,6 +69,22 @@ pub fn empty_cache() -> bool {
     }
     #[cfg(not(rredcot_cuda_graphs))]
     false
+}
+
+/// Bytes the CUDA caching allocator holds from the driver on the current device
+/// (`torch.cuda.memory_reserved()`): `None` in a build without the shim or on failure.
+pub fn memory_reserved() -> Option<i64> {
+    #[cfg(rredcot_cuda_graphs)]
+    {
+        // SAFETY: no arguments; the shim catches every C++ exception.
+        let bytes = unsafe { ffi::rr_memory_reserved() };
+        if bytes < 0 {
+            tracing::warn!("reading the CUDA allocator's reserved bytes: {}", ffi::last_error());
+        }
+        (bytes >= 0).then_some(bytes)
+    }
+    #[cfg(not(rredcot_cuda_graphs))]
+    None
 }
 
 /// Runs decode steps: eagerly, or (with a graph) [`GRAPH_WARMUP`] eagerly, then one captured
