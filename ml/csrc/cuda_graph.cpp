@@ -71,9 +71,12 @@ int rr_graph_enter(void* p) {
   });
 }
 
+// Thread-local capture mode: only this thread's unsafe CUDA calls are refused while it captures.
+// The default (global) mode would make another thread's cudaMalloc or synchronising copy fail
+// meanwhile (tests run side by side in one process; a worker's other threads do no CUDA work).
 int rr_graph_capture_begin(void* p) {
   auto* g = static_cast<Graph*>(p);
-  return guarded(g, [&] { g->graph.capture_begin(); });
+  return guarded(g, [&] { g->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal); });
 }
 
 int rr_graph_capture_end(void* p) {
