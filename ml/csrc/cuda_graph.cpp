@@ -1,7 +1,8 @@
 // The CUDA-graph calls ml/src/model/cuda_graph.rs needs, which tch does not bind:
 // `at::cuda::CUDAGraph` captured and replayed on a side stream, as `torch.cuda.graph` does.
 // Every function returns 0 on success (or a handle); on failure the message is kept for
-// rr_graph_last_error (per thread) and the caller's stream is current again.
+// rr_graph_last_error (per thread), a capture under way is abandoned and the caller's stream is
+// current again, so the process goes on eagerly.
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -20,6 +21,10 @@ struct Graph {
   c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream();
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
   bool on_side = false;
+  // The capture's memory pool (ours, so a failed capture's can be given back) and whether a
+  // capture was begun and not yet ended well.
+  c10::MempoolId_t pool = at::cuda::graph_pool_handle();
+  bool capture_open = false;
 };
 
 // Everything queued so far has run (on every stream): how one stream's work comes before the
@@ -27,11 +32,43 @@ struct Graph {
 // are inline CUDA runtime ones and this shim links libtorch's libraries alone.
 void settle() { c10::cuda::device_synchronize(); }
 
+// A capture that did not end well (an op inside it failed, or its end did): ends the stream's
+// capture (capture_end calls cudaStreamEndCapture first, whatever follows fails), stops routing
+// the allocator to its pool and gives the pool back. Without this, the side stream stays in
+// capture mode, every later op on this thread fails, and the allocator keeps the capture as
+// underway, so empty_cache asserts. Each call may find its part already done: errors ignored.
+void abandon_capture(Graph* g) {
+  if (!g->capture_open) return;
+  g->capture_open = false;
+  try {
+    g->graph.capture_end();
+    return;  // it ended well after all: the graph is freed with `g`
+  } catch (...) {
+  }
+  auto dev = c10::cuda::current_device();
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(dev, g->pool);
+  } catch (...) {
+  }
+  try {
+    c10::cuda::CUDACachingAllocator::releasePool(dev, g->pool);
+  } catch (...) {
+  }
+}
+
+// Back on the caller's stream, even where waiting for the work fails (then rethrown).
 void back_to_caller(Graph* g) {
+  abandon_capture(g);
   if (g->on_side) {
-    settle();
-    c10::cuda::setCurrentCUDAStream(g->caller);
     g->on_side = false;
+    std::exception_ptr failed;
+    try {
+      settle();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    c10::cuda::setCurrentCUDAStream(g->caller);
+    if (failed) std::rethrow_exception(failed);
   }
 }
 
@@ -76,12 +113,18 @@ int rr_graph_enter(void* p) {
 // meanwhile (tests run side by side in one process; a worker's other threads do no CUDA work).
 int rr_graph_capture_begin(void* p) {
   auto* g = static_cast<Graph*>(p);
-  return guarded(g, [&] { g->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal); });
+  return guarded(g, [&] {
+    g->capture_open = true;
+    g->graph.capture_begin(g->pool, cudaStreamCaptureModeThreadLocal);
+  });
 }
 
 int rr_graph_capture_end(void* p) {
   auto* g = static_cast<Graph*>(p);
-  return guarded(g, [&] { g->graph.capture_end(); });
+  return guarded(g, [&] {
+    g->graph.capture_end();
+    g->capture_open = false;
+  });
 }
 
 int rr_graph_replay(void* p) {
