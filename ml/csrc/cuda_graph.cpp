@@ -2,7 +2,7 @@
 // `at::cuda::CUDAGraph` captured and replayed on a side stream, as `torch.cuda.graph` does.
 // Every function returns 0 on success (or a handle); on failure the message is kept for
 // rr_graph_last_error (per thread), a capture under way is abandoned and the caller's stream is
-// current again, so the process goes on eagerly.
+// current again, so later CUDA work on the thread runs (the failed decode itself returns the error).
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>

@@ -20,7 +20,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rredcot::credit::sigma;
 use rredcot_ml::model::matmul_precision::set_cuda_matmul_tf32;
-use rredcot_ml::model::step_profile::{self, StepMask};
+use rredcot_ml::model::step_profile::{self, sync, time, StepMask};
 use rredcot_ml::model::{self, DecoderLm, ModelConfig, SamplingParams};
 use rredcot_ml::train::adamw::{clip_grads, grad_norm, AdamW, AdamWConfig};
 use rredcot_ml::train::step::{TrainDtype, TrainModel};
@@ -47,13 +47,6 @@ fn smoke_config() -> anyhow::Result<ModelConfig> {
         "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 1,
     });
     Ok(ModelConfig::from_json_str(&json.to_string(), Path::new("<bench_gpu smoke>"))?)
-}
-
-/// Waits for `dev`'s queued work (nothing to wait for on the CPU).
-fn sync(dev: Device) {
-    if let Device::Cuda(i) = dev {
-        tch::Cuda::synchronize(i as i64);
-    }
 }
 
 /// `bench_gpu train DTYPE CHECKPOINTING BATCH LEN`: seconds of two optimizer steps.
@@ -235,25 +228,20 @@ fn main() -> anyhow::Result<()> {
     };
     // The sampler alone on [B, V] float32 probabilities: the one-level inverse cdf (PyTorch's
     // scan over a whole row) against the two-level one CUDA decoding uses.
-    let sampler_batches: &[i64] = if wanted("sampler") { &[1, 64, 256] } else { &[] };
-    for &b in sampler_batches {
-        let probs = (Tensor::randn([b, cfg.vocab_size], (Kind::Float, dev)) * 3.0).softmax(-1, Kind::Float);
-        let u = Tensor::rand([b], (Kind::Float, dev));
-        let time = |f: &dyn Fn() -> Tensor| {
-            let _ = f();
-            sync(dev);
-            let t = Instant::now();
-            for _ in 0..20 {
-                let _ = f();
-            }
-            sync(dev);
-            t.elapsed().as_secs_f64() * 1000.0 / 20.0
-        };
-        let one = time(&|| model::generate::inverse_cdf(&probs, &u));
-        let two = time(&|| model::generate::inverse_cdf_chunked(&probs, &u, 1024));
-        eprintln!("sampler b{b}: one-level {one:.2} ms, chunked {two:.2} ms");
-        res.insert(format!("sampler_ms_one_level_b{b}"), one.into());
-        res.insert(format!("sampler_ms_chunked_b{b}"), two.into());
+    if wanted("sampler") {
+        for b in [1i64, 64, 256] {
+            let probs = (Tensor::randn([b, cfg.vocab_size], (Kind::Float, dev)) * 3.0).softmax(-1, Kind::Float);
+            let u = Tensor::rand([b], (Kind::Float, dev));
+            let one = time(dev, 20, || {
+                let _ = model::generate::inverse_cdf(&probs, &u);
+            });
+            let two = time(dev, 20, || {
+                let _ = model::generate::inverse_cdf_chunked(&probs, &u, 1024);
+            });
+            eprintln!("sampler b{b}: one-level {one:.2} ms, chunked {two:.2} ms");
+            res.insert(format!("sampler_ms_one_level_b{b}"), one.into());
+            res.insert(format!("sampler_ms_chunked_b{b}"), two.into());
+        }
     }
     // Where a bf16 decode step's time goes, per piece over the layers, at 128 cached tokens (the
     // middle of the decode below), on the eager static batch's attention and on the biased one

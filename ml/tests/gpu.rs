@@ -49,7 +49,8 @@ fn cuda(test: &str) -> Option<Device> {
     }
 }
 
-/// [`cuda`] with CUDA float32 products left float32 while the guard lives.
+/// [`cuda`] with CUDA float32 products left float32, and the allocator's cache not emptied, while
+/// the guard lives.
 fn cuda_f32(test: &str) -> Option<(Device, std::sync::RwLockReadGuard<'static, ()>)> {
     cuda(test).map(|d| (d, CUDA_STATE.read().unwrap_or_else(|e| e.into_inner())))
 }

@@ -28,14 +28,14 @@ pub enum StepMask {
 }
 
 /// Waits for `dev`'s queued work (nothing to wait for on the CPU).
-fn sync(dev: Device) {
+pub fn sync(dev: Device) {
     if let Device::Cuda(i) = dev {
         tch::Cuda::synchronize(i as i64);
     }
 }
 
 /// Milliseconds per run of `f`: one run to warm up, then `reps` queued between two syncs.
-fn time(dev: Device, reps: usize, mut f: impl FnMut()) -> f64 {
+pub fn time(dev: Device, reps: usize, mut f: impl FnMut()) -> f64 {
     f();
     sync(dev);
     let t = Instant::now();
