@@ -287,6 +287,10 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             fresh_processes,
         }) => {
             let p = load(&plan, rt)?;
+            if matches!(executor, ExecutorKind::Local) && !fresh_processes {
+                // Every warm process would refuse it: say so once, before anything runs.
+                crate::engine::warm::max_instances().map_err(anyhow::Error::msg)?;
+            }
             // A dry run writes nothing, not even a new store.
             let store = if dry_run {
                 Store::existing(&root).unwrap_or_else(|_| Store::unopened(&root))

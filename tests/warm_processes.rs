@@ -104,6 +104,8 @@ fn rredcot_warm_max_instances_bounds_what_one_process_runs() {
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("RREDCOT_WARM_MAX_INSTANCES = `none`: expected a whole number"), "{err}");
+    // Refused by the runner before any instance started (not by each warm process in turn).
+    assert!(!err.contains("numbers"), "{err}");
     assert!(q.committed().is_empty());
 }
 

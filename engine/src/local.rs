@@ -116,8 +116,7 @@ impl LocalExecutor {
         }
         let mut w = WarmProcess::start(exe, &self.store.root, devices, gpu_ids, self.tx.clone())
             .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-        w.assign(&spec.key, force, log)
-            .map_err(|e| format!("{} ended before taking the instance: {e}", exe.display()))?;
+        w.assign_first(&spec.key, force, log);
         let group = w.group.clone();
         self.busy.insert(spec.key.clone(), w);
         Ok(group)

@@ -74,8 +74,9 @@ fn parse_done(line: &str) -> Option<(i32, bool)> {
     Some((code.trim().parse().ok()?, last))
 }
 
-/// `RREDCOT_WARM_MAX_INSTANCES`: how many instances one warm process runs at most.
-fn max_instances() -> std::result::Result<u64, String> {
+/// `RREDCOT_WARM_MAX_INSTANCES`: how many instances one warm process runs at most. The runner
+/// checks it before starting any (each process reads it from the environment it inherits).
+pub fn max_instances() -> std::result::Result<u64, String> {
     match std::env::var("RREDCOT_WARM_MAX_INSTANCES") {
         Err(_) => Ok(u64::MAX),
         Ok(v) => v
@@ -195,6 +196,7 @@ pub struct WarmProcess {
     /// Its `CUDA_VISIBLE_DEVICES` (None: inherited, on a machine without GPUs).
     cuda_devices: Option<String>,
     gpus: Vec<usize>,
+    tx: Sender<Event>,
 }
 
 /// What the threads reading the process's output need to know.
@@ -205,6 +207,8 @@ struct Shared {
     ending: bool,
     /// The log of the last instance: where the process's own messages between instances go.
     last_log: Option<Arc<Mutex<File>>>,
+    /// The process has ended, and how: set together with reporting the instance it was running.
+    exit: Option<String>,
 }
 
 struct Assigned {
@@ -258,8 +262,9 @@ impl WarmProcess {
         let stdout = child.stdout.take().expect("piped");
         let out_shared = shared.clone();
         let out_group = group.clone();
-        std::thread::spawn(move || read_reports(stdout, child, err_thread, out_shared, out_group, tx));
-        Ok(WarmProcess { group, requests, shared, program: program.to_path_buf(), cuda_devices, gpus: gpus.to_vec() })
+        let out_tx = tx.clone();
+        std::thread::spawn(move || read_reports(stdout, child, err_thread, out_shared, out_group, out_tx));
+        Ok(WarmProcess { group, requests, shared, program: program.to_path_buf(), cuda_devices, gpus: gpus.to_vec(), tx })
     }
 
     /// Whether it runs `program` with these GPUs.
@@ -277,19 +282,49 @@ impl WarmProcess {
         self.gpus.iter().any(|g| gpus.contains(g))
     }
 
-    /// Hand it an instance whose output lines go to `log`; an error when the process is gone.
+    /// Hand an idle process an instance whose output lines go to `log`. An error when the process
+    /// is gone: nothing of the instance is reported then, and it can go to a fresh process.
     pub fn assign(&mut self, key: &str, force: bool, log: Arc<Mutex<File>>) -> std::io::Result<()> {
+        self.hand(key, force, log, false)
+    }
+
+    /// Hand a process just started its first instance. One that ends before taking it (a bad
+    /// setting in its environment, a missing library) fails the instance with how it ended and
+    /// its messages in the instance's log, as one that ends while running it does.
+    pub fn assign_first(&mut self, key: &str, force: bool, log: Arc<Mutex<File>>) {
+        let handed = self.hand(key, force, log, true);
+        debug_assert!(handed.is_ok(), "a first instance is always reported");
+    }
+
+    fn hand(&mut self, key: &str, force: bool, log: Arc<Mutex<File>>, first: bool) -> std::io::Result<()> {
         {
             let mut s = self.shared.lock().expect("warm process state");
             s.last_log = Some(log.clone());
+            // Ended before this call: its reader has reported nothing of this instance.
+            if let Some(exit) = s.exit.clone() {
+                if !first {
+                    return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, exit));
+                }
+                let message = format!("the stage process ended before taking the instance: {exit}");
+                let _ = self.tx.send(Event::Finished { key: key.to_string(), ok: false, message, reused: false });
+                return Ok(());
+            }
             s.current = Some(Assigned { key: key.to_string(), log, reused: false });
         }
         let line = request_line(key, force);
         let sent = send_all(&self.requests, line.as_bytes());
-        if sent.is_err() {
-            self.shared.lock().expect("warm process state").current = None;
+        if sent.is_ok() || first {
+            // A first instance that could not be sent is reported by the reader with the exit.
+            return Ok(());
         }
-        sent
+        let mut s = self.shared.lock().expect("warm process state");
+        if s.current.as_ref().is_some_and(|a| a.key == key) {
+            s.current = None;
+            return sent;
+        }
+        // The reader saw the end first and has reported this instance failed (rare: a process
+        // that died while idle, just as it was handed an instance).
+        Ok(())
     }
 }
 
@@ -342,12 +377,14 @@ fn read_reports(
     let _ = err_thread.join();
     let status = child.wait();
     drop(group);
-    if let Some(a) = shared.lock().expect("warm process state").current.take() {
-        let message = match status {
-            Ok(s) if s.success() => "the stage process ended before finishing the instance".to_string(),
-            Ok(s) => super::local::describe_exit(s),
-            Err(e) => e.to_string(),
-        };
+    let (exit, clean) = match status {
+        Ok(s) => (super::local::describe_exit(s), s.success()),
+        Err(e) => (e.to_string(), false),
+    };
+    let mut s = shared.lock().expect("warm process state");
+    s.exit = Some(exit.clone());
+    if let Some(a) = s.current.take() {
+        let message = if clean { "the stage process ended before finishing the instance".to_string() } else { exit };
         let _ = tx.send(Event::Finished { key: a.key, ok: false, message, reused: false });
     }
 }
@@ -370,5 +407,73 @@ mod tests {
         assert_eq!(parse_done(&format!("{STATUS_PREFIX}reused")), None);
         // A done line is not a status the cold path would misread.
         assert_eq!(parse_status(&format!("{STATUS_PREFIX}{DONE_WORD}0")), None);
+    }
+
+    /// A `program` that says why on stderr and exits 3 after `delay` without reading a request.
+    fn dying_program(dir: &Path, delay: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(format!("dies-after-{delay}"));
+        std::fs::write(&path, format!("#!/bin/sh\nsleep {delay}\necho 'cannot serve: bad setting' >&2\nexit 3\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn log_in(dir: &Path, name: &str) -> (PathBuf, Arc<Mutex<File>>) {
+        let path = dir.join(name);
+        (path.clone(), Arc::new(Mutex::new(File::create(&path).unwrap())))
+    }
+
+    fn exited(w: &WarmProcess) -> bool {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(20) {
+            if w.shared.lock().unwrap().exit.is_some() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        false
+    }
+
+    #[test]
+    fn a_process_that_ends_before_its_first_instance_fails_that_instance_with_how_it_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = std::time::Duration::from_secs(20);
+        // Ended before the instance is handed over, and while it is (the request is sent into
+        // the socket's buffer, never read): both report the instance failed, once, with the exit.
+        for delay in ["0", "0.3"] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let mut w = WarmProcess::start(&dying_program(dir.path(), delay), dir.path(), None, &[], tx).unwrap();
+            if delay == "0" {
+                assert!(exited(&w), "the program ended");
+            }
+            let (log_path, log) = log_in(dir.path(), &format!("{delay}.log"));
+            w.assign_first("k1", false, log);
+            match rx.recv_timeout(timeout).unwrap() {
+                Event::Finished { key, ok, message, .. } => {
+                    assert_eq!((key.as_str(), ok), ("k1", false));
+                    assert!(message.contains("exit code 3"), "{message}");
+                }
+                _ => panic!("expected the instance's end"),
+            }
+            assert!(rx.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "reported once");
+            if delay != "0" {
+                // Its last words went to the instance's log.
+                assert!(exited(&w));
+                let text = std::fs::read_to_string(&log_path).unwrap();
+                assert!(text.contains("cannot serve: bad setting"), "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_idle_process_that_has_ended_refuses_an_instance_and_reports_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut w = WarmProcess::start(&dying_program(dir.path(), "0"), dir.path(), None, &[], tx).unwrap();
+        assert!(exited(&w));
+        let (_, log) = log_in(dir.path(), "k2.log");
+        let err = w.assign("k2", false, log).unwrap_err();
+        assert!(err.to_string().contains("exit code 3"), "{err}");
+        assert!(rx.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "nothing reported: the instance goes to a fresh process");
     }
 }
