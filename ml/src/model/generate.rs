@@ -92,16 +92,24 @@ pub struct Generation {
     pub text: Option<String>,
 }
 
-/// Log-probabilities of the sampling distribution over `logits: [.., V]` (float32): softmax of
-/// logits / T after top-k and top-p filtering (filtered tokens get -inf); for greedy decoding
-/// (`temperature == 0`) those of the unmodified distribution.
-fn sampling_logp(logits: &Tensor, p: &SamplingParams) -> Tensor {
-    if p.temperature <= 0.0 {
-        return logits.log_softmax(-1, Kind::Float);
+/// Log-probabilities `[.., V]` (float32) of the sampling distribution over `logits: [.., V]` (any
+/// float dtype): softmax of logits / T after top-k and top-p filtering (filtered tokens get
+/// -inf); for greedy decoding (`temperature == 0`) those of the unmodified distribution. The
+/// flag says whether some may be -inf for finite logits (filtered tokens, or logits / T
+/// overflowing), which [`entropy_of`] must not multiply by their zero probability.
+/// The plain distribution (greedy, or T = 1 without filters) is one log-softmax straight from
+/// the logits: at batch 256 with a 152k vocabulary each float32 pass over `[B, V]` moves 156 MB,
+/// more than one layer's bf16 weights of the 1.5B model (94 MB).
+fn sampling_logp(logits: &Tensor, p: &SamplingParams) -> (Tensor, bool) {
+    let v = *logits.size().last().expect("logits have a vocabulary dimension");
+    let top_k = p.top_k > 0 && p.top_k < v;
+    if p.temperature <= 0.0 || (p.temperature == 1.0 && !top_k && p.top_p >= 1.0) {
+        return (logits.log_softmax(-1, Kind::Float), false);
     }
-    let mut scaled = logits / p.temperature;
-    let v = *scaled.size().last().expect("logits have a vocabulary dimension");
-    if p.top_k > 0 && p.top_k < v {
+    // Out-of-place ops only: `to_kind` of float32 logits is the caller's tensor itself.
+    let scaled = logits.to_kind(Kind::Float);
+    let mut scaled = if p.temperature == 1.0 { scaled } else { scaled / p.temperature };
+    if top_k {
         let (vals, _) = scaled.topk(p.top_k, -1, true, true);
         let kth = vals.narrow(-1, p.top_k - 1, 1);
         scaled = scaled.masked_fill(&scaled.lt_tensor(&kth), f64::NEG_INFINITY);
@@ -115,33 +123,50 @@ fn sampling_logp(logits: &Tensor, p: &SamplingParams) -> Tensor {
         let drop = drop_sorted.scatter(-1, &idx, &drop_sorted);
         scaled = scaled.masked_fill(&drop, f64::NEG_INFINITY);
     }
-    scaled.log_softmax(-1, Kind::Float)
+    (scaled.log_softmax(-1, Kind::Float), true)
 }
 
-/// Entropy of each distribution of `logp: [.., V]` (its last dimension).
-fn entropy_of(logp: &Tensor) -> Tensor {
-    -(logp.exp() * logp.clamp_min(MASKED)).sum_dim_intlist(-1, false, Kind::Float)
+/// Entropy of each distribution of `logp: [.., V]` (its last dimension), given its
+/// probabilities `probs` (`logp.exp()`) where already at hand; `may_be_inf` from
+/// [`sampling_logp`]. Where no log-probability of a finite row is -inf the clamp is left out: it
+/// would change nothing.
+fn entropy_of(logp: &Tensor, probs: Option<&Tensor>, may_be_inf: bool) -> Tensor {
+    let exp;
+    let probs = match probs {
+        Some(p) => p,
+        None => {
+            exp = logp.exp();
+            &exp
+        }
+    };
+    let terms = if may_be_inf { probs * logp.clamp_min(MASKED) } else { probs * logp };
+    -terms.sum_dim_intlist(-1, false, Kind::Float)
 }
 
-/// Samples the next token of every row from `logits: [B, V]` (float32); `uniforms: [B]`.
-/// Returns `(tokens [B], logprobs [B], entropies [B], finite [B])`.
+/// Samples the next token of every row from `logits: [B, V]` (any float dtype, computed in
+/// float32); `uniforms: [B]`. Returns `(tokens [B], logprobs [B], entropies [B], finite [B])`.
+/// A row whose logits are not all finite gets some valid token id (never an index out of the
+/// vocabulary) and `finite` false, which fails its request.
 fn sample_step(
     logits: &Tensor,
     p: &SamplingParams,
     uniforms: &Tensor,
 ) -> (Tensor, Tensor, Tensor, Tensor) {
     let finite = logits.isfinite().all_dim(-1, false);
-    let logits = logits.nan_to_num(0.0, 0.0, 0.0);
-    let logp = sampling_logp(&logits, p);
-    let token = if p.temperature <= 0.0 {
-        logits.argmax(-1, false)
-    } else if logits.device().is_cuda() && logits.size()[0] > 1 {
-        inverse_cdf_chunked(&logp.exp(), uniforms, CDF_CHUNK)
+    let (logp, may_be_inf) = sampling_logp(logits, p);
+    let (token, probs) = if p.temperature <= 0.0 {
+        (logits.argmax(-1, false), None)
     } else {
-        inverse_cdf(&logp.exp(), uniforms)
+        let probs = logp.exp();
+        let token = if logits.device().is_cuda() && logits.size()[0] > 1 {
+            inverse_cdf_chunked(&probs, uniforms, CDF_CHUNK)
+        } else {
+            inverse_cdf(&probs, uniforms)
+        };
+        (token, Some(probs))
     };
     let chosen = logp.gather(-1, &token.unsqueeze(-1), false).squeeze_dim(-1);
-    let entropy = entropy_of(&logp);
+    let entropy = entropy_of(&logp, probs.as_ref(), may_be_inf);
     (token, chosen, entropy, finite)
 }
 
@@ -168,18 +193,29 @@ const CDF_CHUNK: i64 = 1024;
 /// A single row keeps PyTorch's one-row scan (0.05 vs 0.20 ms), and the CPU the one-level scan,
 /// a sequential loop either way (its results unchanged).
 pub fn inverse_cdf_chunked(probs: &Tensor, u: &Tensor, chunk: i64) -> Tensor {
-    let (b, v) = (probs.size()[0], probs.size()[1]);
-    let n = (v + chunk - 1) / chunk;
-    let padded = probs.constant_pad_nd([0, n * chunk - v]).view([b, n, chunk]);
-    let mass = padded.sum_dim_intlist(-1, false, Kind::Float);
+    let (b, v, dev) = (probs.size()[0], probs.size()[1], probs.device());
+    let (whole, n) = (v / chunk, (v + chunk - 1) / chunk);
+    // Each chunk's mass: the whole chunks through a view of the rows, the part-chunk at the end
+    // apart (a padded copy of `probs` cost one more pass over [B, V]).
+    let mut parts = Vec::with_capacity(2);
+    if whole > 0 {
+        parts.push(probs.narrow(1, 0, whole * chunk).view([b, whole, chunk]).sum_dim_intlist(-1, false, Kind::Float));
+    }
+    if n > whole {
+        parts.push(probs.narrow(1, whole * chunk, v - whole * chunk).sum_dim_intlist(-1, true, Kind::Float));
+    }
+    let mass = if parts.len() == 1 { parts.remove(0) } else { Tensor::cat(&parts, 1) };
     let upto = mass.cumsum(-1, Kind::Float);
     let u = u.unsqueeze(-1);
     let c = upto.lt_tensor(&u).sum_dim_intlist(-1, true, Kind::Int64).clamp_max(n - 1);
     // The uniform's remainder after the chunks before `c`.
     let rest = &u - (upto.gather(-1, &c, false) - mass.gather(-1, &c, false));
-    let inside = padded
-        .gather(1, &c.unsqueeze(-1).expand([b, 1, chunk], false), false)
-        .squeeze_dim(1);
+    // The chosen chunk's probabilities; the columns past the vocabulary (in the last chunk)
+    // get 0.
+    let idx = &c * chunk + Tensor::arange(chunk, (Kind::Int64, dev)).unsqueeze(0);
+    let inside = probs
+        .gather(1, &idx.clamp_max(v - 1), false)
+        .masked_fill(&idx.ge(v), 0.0);
     let j = inside
         .cumsum(-1, Kind::Float)
         .lt_tensor(&rest)
@@ -227,10 +263,10 @@ pub fn prefill_completion(
         if logits.isfinite().all().int64_value(&[]) == 0 {
             return Err(ModelError::NonFinite { row: 0, step: 0 });
         }
-        let logp = sampling_logp(&logits, p);
+        let (logp, may_be_inf) = sampling_logp(&logits, p);
         let target = Tensor::from_slice(completion).to_device(dev);
         let chosen = logp.gather(-1, &target.unsqueeze(-1), false).squeeze_dim(-1);
-        let entropy = entropy_of(&logp);
+        let entropy = entropy_of(&logp, None, may_be_inf);
         let to_vec = |t: Tensor| Vec::<f32>::try_from(t.to_device(Device::Cpu).view([-1]))
             .map_err(|e| ModelError::Request(format!("reading prefill logprobs: {e}")));
         let mut top_rows = vec![Vec::new(); completion.len()];
@@ -472,7 +508,7 @@ fn uniforms(rngs: &mut [Option<&mut ChaCha8Rng>], steps: usize, dev: Device) -> 
 
 /// One step's `[B, 4]` (token, logprob, entropy, finite) as float64, and the tokens `[B]`.
 pub(super) fn sample_record(logits: &Tensor, p: &SamplingParams, u: &Tensor) -> (Tensor, Tensor) {
-    let (tok, lp, ent, finite) = sample_step(&logits.to_kind(Kind::Float), p, u);
+    let (tok, lp, ent, finite) = sample_step(logits, p, u);
     let rec = Tensor::stack(
         &[
             tok.to_kind(Kind::Double),
@@ -1267,6 +1303,69 @@ mod tests {
         let mut seen = Vec::new();
         let gens = generate_continuous_with_progress(&m, None, &prompts, &seeds, &p, 3, Some(&mut |x| seen.push(x))).unwrap();
         check(&seen, &gens, "continuous");
+    }
+
+    /// Logits that are not all finite fail the request, naming the row and the step, on every
+    /// decode path (static batch eager and fixed-shape, continuous batching) and in a prefill:
+    /// a NaN embedding reached from a prompt (step 0) or from a sampled token (a later step).
+    #[test]
+    fn non_finite_logits_fail_the_request_naming_row_and_step() {
+        // Untied embeddings: a NaN row reaches only the rows that read the token.
+        let clean = tiny_model(Arch::Qwen3, 51);
+        let poisoned = |token: i64| {
+            let m = tiny_model(Arch::Qwen3, 51);
+            let (_, embed) = m.sorted_variables().into_iter().find(|(n, _)| n.contains("embed_tokens")).expect("an embedding");
+            tch::no_grad(|| {
+                let _ = embed.get(token).fill_(f64::NAN);
+            });
+            m
+        };
+        let (mut prompts, seeds) = ragged_prompts(4, clean.cfg.vocab_size);
+        for t in [0.0, 1.0] {
+            let p = SamplingParams { temperature: t, max_new_tokens: 12, ..Default::default() };
+            let free = generate(&clean, None, &prompts, &seeds, &p).unwrap();
+            // A token one row samples before its last step that no other row and no prompt holds:
+            // that row's logits turn NaN at the step after it.
+            let (row, step, token) = free
+                .iter()
+                .enumerate()
+                .flat_map(|(r, g)| g.tokens[..g.tokens.len() - 1].iter().enumerate().map(move |(s, &tok)| (r, s, tok)))
+                .find(|&(r, _, tok)| {
+                    free.iter().enumerate().all(|(o, g)| o == r || !g.tokens.contains(&tok))
+                        && prompts.iter().all(|pr| !pr.contains(&tok))
+                })
+                .unwrap_or_else(|| panic!("T={t}: no token sampled by one row only: {free:?}"));
+            let m = poisoned(token);
+            let expect = |got: Result<Vec<Generation>>, what: &str| match got {
+                Err(ModelError::NonFinite { row: r, step: s }) => assert_eq!((r, s), (row, step + 1), "T={t} {what}"),
+                other => panic!("T={t} {what}: expected non-finite logits at row {row}, step {}: {other:?}", step + 1),
+            };
+            expect(generate(&m, None, &prompts, &seeds, &p), "static batch");
+            let fixed = generate_static(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, 3, Steps::Static { graph: false });
+            expect(fixed, "fixed-shape steps");
+            for slots in [1, 2, 0] {
+                expect(generate_continuous(&m, None, &prompts, &seeds, &p, slots), &format!("continuous, {slots} slots"));
+            }
+            let mut completion = free[row].tokens.clone();
+            completion.truncate(step + 2);
+            assert!(
+                matches!(prefill_completion(&m, &prompts[row], &completion, &p, 0), Err(ModelError::NonFinite { .. })),
+                "T={t}: a prefill through the NaN token"
+            );
+        }
+        // The NaN token in a prompt: its row fails at step 0.
+        let token = clean.cfg.vocab_size - 1;
+        prompts.iter_mut().for_each(|pr| pr.retain(|&x| x != token));
+        prompts[2].push(token);
+        let m = poisoned(token);
+        let p = SamplingParams { temperature: 1.0, max_new_tokens: 4, ..Default::default() };
+        for slots in [None, Some(1), Some(0)] {
+            let got = match slots {
+                None => generate(&m, None, &prompts, &seeds, &p),
+                Some(s) => generate_continuous(&m, None, &prompts, &seeds, &p, s),
+            };
+            assert!(matches!(got, Err(ModelError::NonFinite { row: 2, step: 0 })), "{slots:?}: {got:?}");
+        }
     }
 
     #[test]
