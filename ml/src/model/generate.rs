@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::decoder::{DecoderLm, MASKED};
-use super::error::{ModelError, Result};
+use super::error::{check_finite, rows_finite, ModelError, Result};
 use super::layers::{AttnMask, FusedProjections, KvCache};
 use super::static_decode::StaticStep;
 use super::tokenizer::Tokenizer;
@@ -152,7 +152,7 @@ fn sample_step(
     p: &SamplingParams,
     uniforms: &Tensor,
 ) -> (Tensor, Tensor, Tensor, Tensor) {
-    let finite = logits.isfinite().all_dim(-1, false);
+    let finite = rows_finite(logits);
     let (logp, may_be_inf) = sampling_logp(logits, p);
     let (token, probs) = if p.temperature <= 0.0 {
         (logits.argmax(-1, false), None)
@@ -260,9 +260,7 @@ pub fn prefill_completion(
         let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
         let h = model.hidden(&input, &pos, &AttnMask::Causal, None);
         let logits = model.logits(&h.narrow(1, len - c - 1, c).squeeze_dim(0)).to_kind(Kind::Float);
-        if logits.isfinite().all().int64_value(&[]) == 0 {
-            return Err(ModelError::NonFinite { row: 0, step: 0 });
-        }
+        check_finite(&logits, 0)?;
         let (logp, may_be_inf) = sampling_logp(&logits, p);
         let target = Tensor::from_slice(completion).to_device(dev);
         let chosen = logp.gather(-1, &target.unsqueeze(-1), false).squeeze_dim(-1);
@@ -1312,11 +1310,17 @@ mod tests {
     fn non_finite_logits_fail_the_request_naming_row_and_step() {
         // Untied embeddings: a NaN row reaches only the rows that read the token.
         let clean = tiny_model(Arch::Qwen3, 51);
+        // `clean`'s weights (copied: tests beside this one draw from libtorch's global generator
+        // too), one embedding row NaN.
         let poisoned = |token: i64| {
             let m = tiny_model(Arch::Qwen3, 51);
-            let (_, embed) = m.sorted_variables().into_iter().find(|(n, _)| n.contains("embed_tokens")).expect("an embedding");
             tch::no_grad(|| {
-                let _ = embed.get(token).fill_(f64::NAN);
+                for ((name, mut to), (_, from)) in m.sorted_variables().into_iter().zip(clean.sorted_variables()) {
+                    to.copy_(&from);
+                    if name.contains("embed_tokens") {
+                        let _ = to.get(token).fill_(f64::NAN);
+                    }
+                }
             });
             m
         };
@@ -1366,6 +1370,12 @@ mod tests {
             };
             assert!(matches!(got, Err(ModelError::NonFinite { row: 2, step: 0 })), "{slots:?}: {got:?}");
         }
+        // σ scoring through it: a cut after the NaN token.
+        let trace: Vec<i64> = prompts[2].iter().copied().chain([1, 2, 3, 4]).collect();
+        let cut = prompts[2].len() + 1;
+        let scored = crate::model::score::score_cuts(&m, &trace, &[cut], &[vec![5, 6]]);
+        assert!(matches!(scored, Err(ModelError::NonFinite { .. })), "{scored:?}");
+        assert!(crate::model::score::score_cuts(&clean, &trace, &[cut], &[vec![5, 6]]).is_ok());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
 use super::decoder::{causal_bias, DecoderLm, MASKED};
-use super::error::{ModelError, Result};
+use super::error::{check_finite, ModelError, Result};
 use super::layers::{AttnMask, KvCache};
 
 /// Most (row × token) positions whose logits are materialised at once.
@@ -23,13 +23,6 @@ const LOGIT_ROWS: i64 = 1024;
 /// Padding cells a chunk of target rows may carry beyond a quarter of its real ones (a few
 /// padded cells cost less than another forward call).
 const PAD_SLACK: i64 = 8;
-
-fn non_finite_check(t: &Tensor, row: usize) -> Result<()> {
-    if t.isfinite().all().int64_value(&[]) == 0 {
-        return Err(ModelError::NonFinite { row, step: 0 });
-    }
-    Ok(())
-}
 
 /// Log-probability of `targets: [M, L]` under `logits: [M, L, V]` (float32 result `[M, L]`).
 fn gather_logprobs(logits: &Tensor, targets: &Tensor) -> Tensor {
@@ -92,7 +85,7 @@ pub fn logprob(
                     .get(r as i64)
                     .narrow(0, p.len() as i64 - 1, c.len() as i64);
                 let logits = model.logits(&hr);
-                if let Err(e) = non_finite_check(&logits, base + r) {
+                if let Err(e) = check_finite(&logits, base + r) {
                     rows.push(Err(e));
                     continue;
                 }
@@ -348,7 +341,7 @@ pub fn score_cuts_reusing(
             .collect();
         let h_cut = h.view([b * n_max, d]).index_select(0, &Tensor::from_slice(&last).to_device(dev));
         let first_lp = model.logits(&h_cut).to_kind(Kind::Float).log_softmax(-1, Kind::Float); // [ΣC, V]
-        non_finite_check(&first_lp, 0)?;
+        check_finite(&first_lp, 0)?;
         // Every (cut, target)'s first-token logprob gathered on the device and read back at
         // once: one synchronisation, not one per value (11,520 cuts × 2 targets in Table 2).
         let (mut at_rows, mut first_tokens, mut at) = (vec![], vec![], 0i64);
@@ -433,7 +426,7 @@ pub fn score_cuts_reusing(
             let own_bias = causal_bias(1, own, 0, None, kind, dev);
             let hid = model.hidden_shared_prefix(&inp, &positions, &prefix, &prefix_bias, &own_bias);
             let logits = model.logits(&hid);
-            non_finite_check(&logits, 0)?;
+            check_finite(&logits, 0)?;
             let lp = gather_logprobs(&logits, &tgt) * Tensor::from_slice(&valid).view([m, own]).to_device(dev);
             let sums = Vec::<f64>::try_from(lp.sum_dim_intlist(-1, false, Kind::Double).to_device(Device::Cpu))
                 .map_err(|e| ModelError::Request(format!("reading scores: {e}")))?;
@@ -586,7 +579,7 @@ pub fn score_cuts_naive(
                 let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
                 let h = model.hidden(&ids, &pos, &AttnMask::Causal, None);
                 let logits = model.logits(&h.narrow(1, c as i64 - 1, t.len() as i64));
-                non_finite_check(&logits, i)?;
+                check_finite(&logits, i)?;
                 let tgt = Tensor::from_slice(t).view([1, -1]).to_device(dev);
                 out[i][j] = gather_logprobs(&logits, &tgt)
                     .sum(Kind::Double)
@@ -616,7 +609,7 @@ pub fn embedding_grad_l1(model: &DecoderLm, seq: &[i64], target_start: usize) ->
     let h = model.hidden_from_embeds(emb.shallow_clone(), &pos, &AttnMask::Causal, None);
     let t0 = target_start as i64;
     let logits = model.logits(&h.narrow(1, t0 - 1, n - t0));
-    non_finite_check(&logits, 0)?;
+    check_finite(&logits, 0)?;
     let tgt = ids.narrow(1, t0, n - t0);
     let total = gather_logprobs(&logits, &tgt).sum(Kind::Float);
     let grads = Tensor::run_backward(&[&total], &[&emb], false, false);
@@ -625,7 +618,7 @@ pub fn embedding_grad_l1(model: &DecoderLm, seq: &[i64], target_start: usize) ->
         .abs()
         .sum_dim_intlist(-1, false, Kind::Double)
         .view([-1]);
-    non_finite_check(&l1, 0)?;
+    check_finite(&l1, 0)?;
     Vec::<f64>::try_from(l1.to_device(Device::Cpu))
         .map_err(|e| ModelError::Request(format!("reading gradients: {e}")))
 }
