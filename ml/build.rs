@@ -44,16 +44,10 @@ fn cuda_graphs(lib: &std::path::Path) {
     }
     let include = lib.parent().expect("libtorch root").join("include");
     let cuda = cuda_include().expect("RREDCOT_CUDA_GRAPHS=1 needs the CUDA runtime headers: set CUDA_INCLUDE");
-    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-    cc::Build::new()
-        .cpp(true)
-        .file("csrc/cuda_graph.cpp")
+    shim("csrc/cuda_graph.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .includes(cuda)
-        .flag("-std=c++17")
-        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
-        .warnings(false)
         .compile("rredcot_cuda_graph");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cuda");
@@ -66,21 +60,37 @@ fn cuda_graphs(lib: &std::path::Path) {
 /// src/aten_kernels.rs): a declaration of a libtorch function, no torch headers.
 fn cpu_capability() {
     println!("cargo:rerun-if-changed=csrc/cpu_capability.cpp");
+    shim("csrc/cpu_capability.cpp").compile("rredcot_cpu_capability");
+}
+
+/// A C++17 build of `file` with libtorch's C++ ABI (`LIBTORCH_CXX11_ABI`, default 1), warnings
+/// off (libtorch's headers are not ours).
+fn shim(file: &str) -> cc::Build {
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-    cc::Build::new()
-        .cpp(true)
-        .file("csrc/cpu_capability.cpp")
-        .flag("-std=c++17")
-        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
-        .compile("rredcot_cpu_capability");
+    let mut b = cc::Build::new();
+    b.cpp(true).file(file).flag("-std=c++17").flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}")).warnings(false);
+    b
+}
+
+/// Compiles ml/csrc/cpu_cache.cpp (the caching CPU allocator, src/cpu_cache.rs) against
+/// libtorch's c10 headers and sets `cfg(rredcot_cpu_cache)`.
+fn cpu_cache(lib: &std::path::Path) {
+    println!("cargo:rerun-if-changed=csrc/cpu_cache.cpp");
+    let include = lib.parent().expect("libtorch root").join("include");
+    shim("csrc/cpu_cache.cpp").include(&include).compile("rredcot_cpu_cache");
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-cfg=rredcot_cpu_cache");
 }
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo::rustc-check-cfg=cfg(rredcot_cuda_graphs)");
+    println!("cargo::rustc-check-cfg=cfg(rredcot_cpu_cache)");
     cpu_capability();
     if let Some(lib) = torch_lib_dir() {
+        cpu_cache(&lib);
         cuda_graphs(&lib);
         let worker = "rredcot-worker";
         // Every linked target of this package (worker, unit and integration tests, examples).

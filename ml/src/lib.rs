@@ -12,6 +12,7 @@
 //! - [`aten_kernels`]: which CPU kernels ATen runs (in every ML stage's run record)
 
 pub mod aten_kernels;
+pub mod cpu_cache;
 pub mod model;
 pub mod sampling;
 pub mod serve;

@@ -1,6 +1,21 @@
 //! `rredcot-worker`: the same CLI with every builtin, the ML stages included, and `serve`
 //! (links libtorch).
 
+use rredcot_ml::cpu_cache;
+
 fn main() {
+    // Before the first tensor: the caching CPU allocator (ml/src/cpu_cache.rs says why).
+    match cpu_cache::limit_from_env() {
+        Ok(Some(limit)) => {
+            if !cpu_cache::install(limit) {
+                eprintln!("rredcot-worker: warning: libtorch's CPU allocator is used (the caching one could not be installed)");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("rredcot-worker: {e}");
+            std::process::exit(2);
+        }
+    }
     std::process::exit(rredcot::cli::main(&rredcot_ml::stages::FULL_RUNTIME, Some(rredcot_ml::serve::run)));
 }
