@@ -12,7 +12,9 @@
 #   tokenizer.json is copied in from $QWEN_TOK (the Qwen3 tokenizer) when it has none.
 #   Defaults 64 6 1024 (Table 2); `RUN` is the command prefix of rredcot-worker
 #   (default ./target/release/rredcot-worker); STAGES (default "rollout segment score update")
-#   picks the stages timed. Not a benchmark of its own: bench/gpu.sh runs it.
+#   picks the stages timed; RUN_RECORDS=DIR copies each stage instance's run record (its own
+#   seconds, peak RSS, output hashes) to DIR/STAGE.json. Not a benchmark of its own: bench/gpu.sh
+#   and bench/cpu_alloc.sh run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$(cd "$1" && pwd); out=$2; shift 2
@@ -57,6 +59,11 @@ for stage in ${STAGES:-rollout segment score update}; do
   if [ -n "$smi" ]; then
     kill "$smi"; wait "$smi" 2>/dev/null || true
     peak=$(sort -n "$store/smi-$stage" | tail -1 | awk '{printf "%.2f", $1/1024}')
+  fi
+  if [ -n "${RUN_RECORDS:-}" ]; then
+    # The runner's line for the instance: "done     rredcot.STAGE[0] (KEY) in Ns".
+    key=$(sed -n "s/^done     rredcot\.$stage\[0\] (\([0-9a-f]*\)).*/\1/p" "$store/$stage.err" | head -1)
+    [ -n "$key" ] && cp "$store"/s/instances/"$key"*/run.json "$RUN_RECORDS/$stage.json" || true
   fi
   echo "table2 $stage: $secs s, peak GPU memory ${peak} GB, ok=$ok" >&2
   json+="\"$stage\": {\"seconds\": $secs, \"peak_gpu_mem_gb\": ${peak:-null}, \"ok\": $ok},"
