@@ -1,7 +1,7 @@
 //! The caching CPU allocator (ml/src/cpu_cache.rs) in a process of its own: freed large blocks
 //! serve the next tensor that fits, no two live tensors ever share memory, the cache is trimmed
 //! to its limit before new memory is taken and empties on request; the worker refuses a bad
-//! `RREDCOT_CPU_CACHE_MB`.
+//! `RREDCOT_CPU_CACHE_MB`, or a bad `RREDCOT_HEAD_LOGITS` (its other memory setting).
 
 use rand::{Rng, SeedableRng};
 use rredcot_ml::cpu_cache;
@@ -102,4 +102,26 @@ fn the_worker_refuses_a_bad_cache_limit() {
             .unwrap();
         assert!(out.status.success(), "{ok}: {}", String::from_utf8_lossy(&out.stderr));
     }
+}
+
+/// The worker's other memory setting read at its start, the LM head's piece size
+/// (ml/src/model/head.rs): a bad value is refused before anything runs.
+#[test]
+fn the_worker_refuses_a_bad_head_piece_size() {
+    for bad in ["0", "-5", "1e6", "lots"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rredcot-worker"))
+            .arg("--version")
+            .env("RREDCOT_HEAD_LOGITS", bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("RREDCOT_HEAD_LOGITS={bad:?}")) && err.contains("positive number"), "{err}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rredcot-worker"))
+        .arg("--version")
+        .env("RREDCOT_HEAD_LOGITS", "16777216")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -17,5 +17,13 @@ fn main() {
             std::process::exit(2);
         }
     }
+    match rredcot_ml::model::head::logits_at_once_from_env() {
+        Ok(Some(n)) => rredcot_ml::model::head::set_logits_at_once(n),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("rredcot-worker: {e}");
+            std::process::exit(2);
+        }
+    }
     std::process::exit(rredcot::cli::main(&rredcot_ml::stages::FULL_RUNTIME, Some(rredcot_ml::serve::run)));
 }

@@ -307,6 +307,17 @@ impl DecoderLm {
         attention_mask: Option<&Tensor>,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
+        Ok(self.logits(&self.forward_hidden(input_ids, attention_mask, cache)?))
+    }
+
+    /// [`Self::forward`] without the LM head: the final hidden states `[B, L, D]`, for callers
+    /// that run the head in pieces ([`super::head`]).
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
         let (b, l) = input_ids
             .size2()
             .map_err(|e| ModelError::Request(format!("input_ids must be [batch, len]: {e}")))?;
@@ -363,8 +374,7 @@ impl DecoderLm {
                 )
             }
         };
-        let h = self.hidden(input_ids, &positions, &mask, cache);
-        Ok(self.logits(&h))
+        Ok(self.hidden(input_ids, &positions, &mask, cache))
     }
 }
 

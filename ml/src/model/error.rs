@@ -115,9 +115,14 @@ pub(crate) fn rows_finite(t: &tch::Tensor) -> tch::Tensor {
     finite_along(t, &[-1])
 }
 
+/// Whether every value of `t` is finite, as a bool scalar tensor (read it to decide).
+pub(crate) fn all_finite(t: &tch::Tensor) -> tch::Tensor {
+    finite_along(t, &[])
+}
+
 /// [`ModelError::NonFinite`] naming `row` (step 0) unless every value of `t` is finite.
 pub(crate) fn check_finite(t: &tch::Tensor, row: usize) -> Result<()> {
-    if finite_along(t, &[]).int64_value(&[]) == 0 {
+    if all_finite(t).int64_value(&[]) == 0 {
         return Err(ModelError::NonFinite { row, step: 0 });
     }
     Ok(())

@@ -27,6 +27,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::decoder::{DecoderLm, MASKED};
 use super::error::{check_finite, rows_finite, ModelError, Result};
+use super::head;
 use super::layers::{AttnMask, FusedProjections, KvCache};
 use super::static_decode::StaticStep;
 use super::tokenizer::Tokenizer;
@@ -258,28 +259,34 @@ pub fn prefill_completion(
     tch::no_grad(|| {
         let input = Tensor::from_slice(&ids).view([1, len]).to_device(dev);
         let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
-        let h = model.hidden(&input, &pos, &AttnMask::Causal, None);
-        let logits = model.logits(&h.narrow(1, len - c - 1, c).squeeze_dim(0)).to_kind(Kind::Float);
-        check_finite(&logits, 0)?;
-        let (logp, may_be_inf) = sampling_logp(&logits, p);
+        let h = model.hidden(&input, &pos, &AttnMask::Causal, None).narrow(1, len - c - 1, c).squeeze_dim(0);
         let target = Tensor::from_slice(completion).to_device(dev);
-        let chosen = logp.gather(-1, &target.unsqueeze(-1), false).squeeze_dim(-1);
-        let entropy = entropy_of(&logp, None, may_be_inf);
         let to_vec = |t: Tensor| Vec::<f32>::try_from(t.to_device(Device::Cpu).view([-1]))
             .map_err(|e| ModelError::Request(format!("reading prefill logprobs: {e}")));
-        let mut top_rows = vec![Vec::new(); completion.len()];
-        let k = (top as i64).min(logp.size()[1]);
-        if k > 0 {
-            let (vals, idx) = logp.topk(k, -1, true, true);
-            let vals = to_vec(vals)?;
-            let idx = Vec::<i64>::try_from(idx.to_device(Device::Cpu).view([-1]))
-                .map_err(|e| ModelError::Request(format!("reading prefill top tokens: {e}")))?;
-            for (i, row) in top_rows.iter_mut().enumerate() {
-                let at = i * k as usize;
-                *row = (at..at + k as usize).filter(|&j| vals[j].is_finite()).map(|j| (idx[j], vals[j])).collect();
+        let k = (top as i64).min(model.cfg.vocab_size);
+        let (mut chosen, mut entropy, mut top_rows) = (Vec::new(), Vec::new(), Vec::with_capacity(completion.len()));
+        // The LM head in pieces of positions (super::head): a long completion's [c, V] logits,
+        // their log-probabilities and probabilities never exist at once.
+        for (s, n) in head::pieces(c, head::items_per_piece(head::logits_at_once(dev), model.cfg.vocab_size)) {
+            let logits = model.logits(&h.narrow(0, s, n)).to_kind(Kind::Float);
+            check_finite(&logits, 0)?;
+            let (logp, may_be_inf) = sampling_logp(&logits, p);
+            chosen.extend(to_vec(logp.gather(-1, &target.narrow(0, s, n).unsqueeze(-1), false))?);
+            entropy.extend(to_vec(entropy_of(&logp, None, may_be_inf))?);
+            if k > 0 {
+                let (vals, idx) = logp.topk(k, -1, true, true);
+                let vals = to_vec(vals)?;
+                let idx = Vec::<i64>::try_from(idx.to_device(Device::Cpu).view([-1]))
+                    .map_err(|e| ModelError::Request(format!("reading prefill top tokens: {e}")))?;
+                for i in 0..n as usize {
+                    let at = i * k as usize;
+                    top_rows.push((at..at + k as usize).filter(|&j| vals[j].is_finite()).map(|j| (idx[j], vals[j])).collect());
+                }
+            } else {
+                top_rows.extend((0..n).map(|_| Vec::new()));
             }
         }
-        Ok(Prefilled { logprobs: to_vec(chosen)?, entropies: to_vec(entropy)?, top: top_rows })
+        Ok(Prefilled { logprobs: chosen, entropies: entropy, top: top_rows })
     })
 }
 
@@ -1266,6 +1273,16 @@ mod tests {
             for (row, (pr, g)) in prompts.iter().zip(&gens).enumerate() {
                 let f = prefill_completion(&m, pr, &g.tokens, &p, 5).unwrap();
                 assert_eq!((f.logprobs.len(), f.entropies.len(), f.top.len()), (g.tokens.len(), g.tokens.len(), g.tokens.len()));
+                // The LM head in pieces of 3 positions gives the same.
+                head::TEST_LOGITS_AT_ONCE.set(Some(3 * m.cfg.vocab_size));
+                let pieced = prefill_completion(&m, pr, &g.tokens, &p, 5);
+                head::TEST_LOGITS_AT_ONCE.set(None);
+                let pieced = pieced.unwrap();
+                assert_eq!(pieced.top.iter().map(|r| r.iter().map(|x| x.0).collect::<Vec<_>>()).collect::<Vec<_>>(),
+                           f.top.iter().map(|r| r.iter().map(|x| x.0).collect::<Vec<_>>()).collect::<Vec<_>>(), "T={t} row {row}");
+                for (x, y) in pieced.logprobs.iter().zip(&f.logprobs).chain(pieced.entropies.iter().zip(&f.entropies)) {
+                    assert!((x - y).abs() < 1e-6, "T={t} row {row}, head in pieces: {x} vs {y}");
+                }
                 for (x, y) in f.logprobs.iter().zip(&g.logprobs).chain(f.entropies.iter().zip(&g.entropies)) {
                     assert!((x - y).abs() < 1e-4, "T={t} row {row}: {x} vs {y}");
                 }

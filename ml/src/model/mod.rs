@@ -14,6 +14,7 @@ pub mod decoder;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod head;
 pub mod layers;
 pub mod llama;
 pub mod matmul_precision;

@@ -15,6 +15,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::decoder::{causal_bias, DecoderLm, MASKED};
 use super::error::{check_finite, ModelError, Result};
+use super::head::head_logprobs;
 use super::layers::{AttnMask, KvCache};
 
 /// Most (row × token) positions whose logits are materialised at once.
@@ -84,13 +85,14 @@ pub fn logprob(
                 let hr = h
                     .get(r as i64)
                     .narrow(0, p.len() as i64 - 1, c.len() as i64);
-                let logits = model.logits(&hr);
-                if let Err(e) = check_finite(&logits, base + r) {
-                    rows.push(Err(e));
-                    continue;
-                }
                 let tgt = Tensor::from_slice(c).to_device(dev);
-                let lp = gather_logprobs(&logits.unsqueeze(0), &tgt.unsqueeze(0)).view([-1]);
+                let lp = match head_logprobs(model, &hr, &tgt.unsqueeze(1), base + r) {
+                    Ok(lp) => lp.view([-1]),
+                    Err(e) => {
+                        rows.push(Err(e));
+                        continue;
+                    }
+                };
                 rows.push(Ok(
                     Vec::<f32>::try_from(lp.to_device(Device::Cpu)).unwrap_or_default()
                 ));
@@ -340,30 +342,29 @@ pub fn score_cuts_reusing(
             .flat_map(|(r, q)| q.cuts.iter().map(move |&c| r as i64 * n_max + c as i64 - 1))
             .collect();
         let h_cut = h.view([b * n_max, d]).index_select(0, &Tensor::from_slice(&last).to_device(dev));
-        let first_lp = model.logits(&h_cut).to_kind(Kind::Float).log_softmax(-1, Kind::Float); // [ΣC, V]
-        check_finite(&first_lp, 0)?;
-        // Every (cut, target)'s first-token logprob gathered on the device and read back at
+        // Every (cut, target)'s first-token logprob: a [ΣC, K] matrix of first tokens (K = the
+        // most targets of a request, the rest padding) scored on the device and read back at
         // once: one synchronisation, not one per value (11,520 cuts × 2 targets in Table 2).
-        let (mut at_rows, mut first_tokens, mut at) = (vec![], vec![], 0i64);
+        let k_max = reqs.iter().map(|q| q.targets.len()).max().unwrap_or(0).max(1);
+        let mut first_tokens = Vec::with_capacity(last.len() * k_max);
         for q in reqs {
             for _ in q.cuts {
-                for t in q.targets {
-                    at_rows.push(at);
-                    first_tokens.push(t[0]);
-                }
-                at += 1;
+                first_tokens.extend(q.targets.iter().map(|t| t[0]));
+                first_tokens.extend(std::iter::repeat_n(0, k_max - q.targets.len()));
             }
         }
-        let picked = first_lp.index(&[
-            Some(Tensor::from_slice(&at_rows).to_device(dev)),
-            Some(Tensor::from_slice(&first_tokens).to_device(dev)),
-        ]);
-        let mut firsts = Vec::<f64>::try_from(picked.to_kind(Kind::Double).to_device(Device::Cpu))
-            .map_err(|e| ModelError::Request(format!("reading scores: {e}")))?
-            .into_iter();
+        let first_tokens = Tensor::from_slice(&first_tokens).view([last.len() as i64, k_max as i64]).to_device(dev);
+        let firsts = head_logprobs(model, &h_cut, &first_tokens, 0)?;
+        let firsts = Vec::<f64>::try_from(firsts.to_kind(Kind::Double).to_device(Device::Cpu).view([-1]))
+            .map_err(|e| ModelError::Request(format!("reading scores: {e}")))?;
+        let mut firsts = firsts.chunks(k_max);
         let mut out: CutScores = reqs
             .iter()
-            .map(|q| (0..q.cuts.len()).map(|_| firsts.by_ref().take(q.targets.len()).collect()).collect())
+            .map(|q| {
+                (0..q.cuts.len())
+                    .map(|_| firsts.next().expect("one row per cut")[..q.targets.len()].to_vec())
+                    .collect()
+            })
             .collect();
         // 3. The remaining target tokens. Rows (trace, cut, target) sorted by target length, so a
         //    chunk is padded only to about its own length.
@@ -425,9 +426,8 @@ pub fn score_cuts_reusing(
             let prefix_bias = Tensor::zeros([m, 1, 1, total], (kind, dev)).masked_fill(&outside, MASKED);
             let own_bias = causal_bias(1, own, 0, None, kind, dev);
             let hid = model.hidden_shared_prefix(&inp, &positions, &prefix, &prefix_bias, &own_bias);
-            let logits = model.logits(&hid);
-            check_finite(&logits, 0)?;
-            let lp = gather_logprobs(&logits, &tgt) * Tensor::from_slice(&valid).view([m, own]).to_device(dev);
+            let lp = head_logprobs(model, &hid.reshape([m * own, -1]), &tgt.view([m * own, 1]), 0)?.view([m, own])
+                * Tensor::from_slice(&valid).view([m, own]).to_device(dev);
             let sums = Vec::<f64>::try_from(lp.sum_dim_intlist(-1, false, Kind::Double).to_device(Device::Cpu))
                 .map_err(|e| ModelError::Request(format!("reading scores: {e}")))?;
             for (row, &(r, i, j)) in chunk.iter().enumerate() {
@@ -679,13 +679,18 @@ pub(crate) mod tests {
             let trace = rand_ids(90, 61, 7 + k as u64);
             let cuts = [1usize, 5, 17, 40, 41, 77, 90];
             let targets = vec![rand_ids(1, 61, 1), rand_ids(6, 61, 2), rand_ids(11, 61, 3)];
-            let fast = score_cuts(&m, &trace, &cuts, &targets).unwrap();
             let slow = score_cuts_naive(&m, &trace, &cuts, &targets).unwrap();
-            let mut worst = 0f64;
-            for (a, b) in fast.iter().flatten().zip(slow.iter().flatten()) {
-                worst = worst.max((a - b).abs());
+            // The LM head at once, and in pieces of 3 rows (as a real vocabulary is on the CPU).
+            for at_once in [None, Some(3 * m.cfg.vocab_size)] {
+                crate::model::head::TEST_LOGITS_AT_ONCE.set(at_once);
+                let fast = score_cuts(&m, &trace, &cuts, &targets);
+                crate::model::head::TEST_LOGITS_AT_ONCE.set(None);
+                let mut worst = 0f64;
+                for (a, b) in fast.unwrap().iter().flatten().zip(slow.iter().flatten()) {
+                    worst = worst.max((a - b).abs());
+                }
+                assert!(worst <= 1e-4, "{arch:?}, head pieces of {at_once:?} logits: max |Δ| {worst}");
             }
-            assert!(worst <= 1e-4, "{arch:?}: max |Δ| {worst}");
             // The values are informative (not all equal), so the comparison can fail.
             assert!((slow[0][1] - slow[6][1]).abs() > 1e-3);
         }
@@ -831,6 +836,13 @@ pub(crate) mod tests {
             })
             .collect();
         let batched = logprob(&m, &pairs, 4).unwrap();
+        // The LM head in pieces of 2 rows gives the same.
+        crate::model::head::TEST_LOGITS_AT_ONCE.set(Some(2 * m.cfg.vocab_size));
+        let pieced = logprob(&m, &pairs, 4);
+        crate::model::head::TEST_LOGITS_AT_ONCE.set(None);
+        for (a, b) in pieced.unwrap().iter().flatten().zip(batched.iter().flatten()) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
         for (i, (p, c)) in pairs.iter().enumerate() {
             let one = score_cuts_naive(
                 &m,

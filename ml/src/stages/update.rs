@@ -271,7 +271,7 @@ impl Batch {
     }
 }
 
-pub const STAGE: Builtin = Builtin { name: "update", version: "3", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "update", version: "4", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: UpdateParams = ctx.params()?;

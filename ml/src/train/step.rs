@@ -13,12 +13,14 @@
 //! ([`DecoderLm::backward_checkpointed`]): the activations of one layer instead of all of them;
 //! and the LM head runs in pieces of positions ([`chunked_head`]), so the logits of the whole
 //! micro-batch (16 × 1087 × 151,936 floats = 10.6 GB for Table 2's shape) never exist at once.
+//! The log-probabilities that need no gradient (π_old's, the reference policy's) are computed
+//! in such pieces too, with or without checkpointing.
 
 use anyhow::Result;
 use serde::Deserialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::model::DecoderLm;
+use crate::model::{head, DecoderLm};
 
 /// The `dtype` param of a training stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -50,7 +52,7 @@ pub struct TrainModel {
     params: Vec<(String, Tensor)>,
     /// The bf16 copy's variables, in the same order.
     compute_params: Vec<(String, Tensor)>,
-    /// Under checkpointing, logits computed at once by the LM head (see [`head_chunk`]).
+    /// Under checkpointing, logits computed at once by the LM head ([`head::logits_at_once`]).
     head_logits: i64,
 }
 
@@ -72,7 +74,8 @@ impl TrainModel {
             copy
         });
         let compute_params = compute.as_ref().map(DecoderLm::sorted_variables).unwrap_or_default();
-        TrainModel { master, compute, checkpointing, params, compute_params, head_logits: HEAD_LOGITS }
+        let head_logits = head::logits_at_once(master.device());
+        TrainModel { master, compute, checkpointing, params, compute_params, head_logits }
     }
 
     /// The float32 weights (what is saved).
@@ -145,39 +148,21 @@ impl TrainModel {
     }
 }
 
-/// Log-probabilities `[B, L-1]` of `ids[:, 1:]` under `model` (logits / temperature).
+/// Log-probabilities `[B, L-1]` of `ids[:, 1:]` under `model` (logits / temperature), the LM
+/// head run in pieces of positions ([`head::position_logprobs`]): the reference policy's and
+/// π_old's log-probabilities of a micro-batch never hold its `[B, L, V]` logits at once.
 pub fn token_logprobs(model: &DecoderLm, ids: &Tensor, temperature: f64) -> Result<Tensor> {
     let len = ids.size()[1];
-    let logits = model.forward(&ids.narrow(1, 0, len - 1), None, None)?;
-    Ok(target_logprobs(&logits, ids, temperature))
-}
-
-/// `log_softmax(logits / T)` at the targets `ids[:, 1:]`, in float32: `[B, L-1]`.
-fn target_logprobs(logits: &Tensor, ids: &Tensor, temperature: f64) -> Tensor {
-    let len = ids.size()[1];
-    logprobs_at(logits, &ids.narrow(1, 1, len - 1), temperature)
-}
-
-/// `log_softmax(logits / T)` at `targets` (`logits: [B, L, V]`, `targets: [B, L]`), in float32.
-fn logprobs_at(logits: &Tensor, targets: &Tensor, temperature: f64) -> Tensor {
-    let scaled = logits.to_kind(Kind::Float) / temperature;
-    scaled.log_softmax(-1, Kind::Float).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1)
-}
-
-/// Logits the LM head computes at once under checkpointing: 2^28 (1 GiB in f32), so a
-/// 151,936-token vocabulary takes ~110 positions of a 16-sequence micro-batch at a time.
-const HEAD_LOGITS: i64 = 1 << 28;
-
-/// Positions per piece of the LM head for `logits` at once.
-fn head_chunk(logits: i64, batch: i64, vocab: i64) -> i64 {
-    (logits / (batch * vocab).max(1)).max(1)
+    let hidden = model.forward_hidden(&ids.narrow(1, 0, len - 1), None, None)?;
+    let targets = ids.to_device(model.device()).narrow(1, 1, len - 1);
+    Ok(head::position_logprobs(model, &hidden, &targets, temperature, head::logits_at_once(model.device())))
 }
 
 /// The head under checkpointing: `loss_of` over the log-probabilities of `ids[:, 1:]` given the
 /// final hidden states `hidden: [B, L-1, D]` (a leaf), with the LM head run in pieces of
-/// positions twice — without autograd for the loss, then piece by piece with it for the backward
-/// of sum(logp * dL/dlogp) — so the `[B, L, V]` logits never exist at once. Leaves
-/// `hidden.grad()` and the head's parameter gradients.
+/// positions of at most `logits_at_once` logits twice — without autograd for the loss, then
+/// piece by piece with it for the backward of sum(logp * dL/dlogp) — so the `[B, L, V]` logits
+/// never exist at once. Leaves `hidden.grad()` and the head's parameter gradients.
 fn chunked_head<R>(
     model: &DecoderLm,
     hidden: &Tensor,
@@ -188,15 +173,12 @@ fn chunked_head<R>(
 ) -> Result<R> {
     let (b, l, _) = hidden.size3()?;
     let targets = ids.narrow(1, 1, l);
-    let chunk = head_chunk(logits_at_once, b, model.cfg.vocab_size);
-    let pieces: Vec<(i64, i64)> = (0..l).step_by(chunk as usize).map(|s| (s, chunk.min(l - s))).collect();
-    let piece = |(s, n): (i64, i64)| logprobs_at(&model.logits(&hidden.narrow(1, s, n)), &targets.narrow(1, s, n), temperature);
-    let logp = tch::no_grad(|| Tensor::cat(&pieces.iter().map(|&p| piece(p)).collect::<Vec<_>>(), 1)).set_requires_grad(true);
+    let logp = tch::no_grad(|| head::position_logprobs(model, hidden, &targets, temperature, logits_at_once)).set_requires_grad(true);
     let (loss, out) = loss_of(&logp)?;
     loss.backward();
     let grad = logp.grad();
-    for &(s, n) in &pieces {
-        (piece((s, n)) * grad.narrow(1, s, n)).sum(Kind::Float).backward();
+    for (s, n) in head::pieces(l, head::items_per_piece(logits_at_once, b * model.cfg.vocab_size)) {
+        (head::position_piece(model, hidden, &targets, temperature, s, n) * grad.narrow(1, s, n)).sum(Kind::Float).backward();
     }
     Ok(out)
 }
@@ -261,19 +243,33 @@ mod tests {
     }
 
     /// Checkpointing changes memory, not the gradients: the layers recomputed, and the LM head in
-    /// pieces of 2, 2 and 1 positions.
+    /// pieces of 2, 2 and 1 positions. Without checkpointing the head in such pieces (under
+    /// autograd) gives the same gradients too.
     #[test]
     fn checkpointing_gives_the_same_gradients() {
         let (a, b) = twins(Arch::Qwen3, 6);
         let plain = TrainModel::new(a, TrainDtype::F32, false);
         let mut ckpt = TrainModel::new(b, TrainDtype::F32, true);
-        ckpt.head_logits = 2 * 2 * ckpt.master.cfg.vocab_size;
-        assert_eq!(head_chunk(ckpt.head_logits, 2, ckpt.master.cfg.vocab_size), 2);
+        let pieces_of_two = 2 * 2 * ckpt.master.cfg.vocab_size;
+        ckpt.head_logits = pieces_of_two;
+        assert_eq!(head::items_per_piece(ckpt.head_logits, 2 * ckpt.master.cfg.vocab_size), 2);
         let (a, b) = (plain.backward(&ids(), 0.7, loss).unwrap(), ckpt.backward(&ids(), 0.7, loss).unwrap());
         assert!((a - b).abs() < 1e-6);
-        for ((name, _), (x, y)) in plain.params().iter().zip(grads(&plain).iter().zip(grads(&ckpt))) {
-            let d = (x - &y).abs().max().double_value(&[]);
-            assert!(d <= 1e-5 * x.abs().max().double_value(&[]).max(1e-3), "{name}: {d}");
+        let same = |x: &Tensor, y: &Tensor, what: &str| {
+            let d = (x - y).abs().max().double_value(&[]);
+            assert!(d <= 1e-5 * x.abs().max().double_value(&[]).max(1e-3), "{what}: {d}");
+        };
+        let (plain_grads, ckpt_grads) = (grads(&plain), grads(&ckpt));
+        for ((name, _), (x, y)) in plain.params().iter().zip(plain_grads.iter().zip(&ckpt_grads)) {
+            same(x, y, name);
+        }
+        plain.zero_grad();
+        head::TEST_LOGITS_AT_ONCE.set(Some(pieces_of_two));
+        let c = plain.backward(&ids(), 0.7, loss);
+        head::TEST_LOGITS_AT_ONCE.set(None);
+        assert!((a - c.unwrap()).abs() < 1e-6);
+        for ((name, _), (x, y)) in plain.params().iter().zip(plain_grads.iter().zip(grads(&plain))) {
+            same(x, &y, &format!("{name}, head in pieces without checkpointing"));
         }
     }
 }
