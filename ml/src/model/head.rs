@@ -152,8 +152,20 @@ pub fn position_logprobs(model: &DecoderLm, hidden: &Tensor, targets: &Tensor, t
 }
 
 /// One piece of [`position_logprobs`]: positions `s..s + n`, `[B, n]`.
+/// In float32 the temperature divides the hidden states, not the logits: the head is linear
+/// without a bias, so `head(h / T) = head(h) / T` up to rounding (~1e-7), and `[B, n, D]` is a
+/// few hundredth of `[B, n, V]` (the division over the logits and its backward took a sixth of a
+/// CPU update's time with Qwen's vocabulary). In bfloat16 `h / T` would be rounded to 8 bits
+/// before the product, so there the float32 logits are divided as before.
 pub fn position_piece(model: &DecoderLm, hidden: &Tensor, targets: &Tensor, temperature: f64, s: i64, n: i64) -> Tensor {
-    logprobs_at(&model.logits(&hidden.narrow(1, s, n)), &targets.narrow(1, s, n).unsqueeze(-1), temperature).squeeze_dim(-1)
+    let h = hidden.narrow(1, s, n);
+    let targets = targets.narrow(1, s, n).unsqueeze(-1);
+    let lp = if temperature != 1.0 && h.kind() == Kind::Float {
+        logprobs_at(&model.logits(&(h / temperature)), &targets, 1.0)
+    } else {
+        logprobs_at(&model.logits(&h), &targets, temperature)
+    };
+    lp.squeeze_dim(-1)
 }
 
 #[cfg(test)]
