@@ -16,14 +16,7 @@ PROMPTS=${PROMPTS:-16}
 NEW=${NEW:-128}
 cargo build --release -p rredcot-ml --bin rredcot-worker
 W=./target/release/rredcot-worker
-$PY - "$TMP/model" <<'PYEOF'
-import sys, torch, transformers
-cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                               tie_word_embeddings=True)
-torch.manual_seed(0)
-transformers.Qwen2ForCausalLM(cfg).save_pretrained(sys.argv[1])
-PYEOF
+qwen_vocab_model "$TMP/model"
 
 : >"$TMP/rows"
 for rep in $(seq "$REPS"); do

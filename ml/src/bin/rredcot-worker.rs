@@ -1,7 +1,13 @@
 //! `rredcot-worker`: the same CLI with every builtin, the ML stages included, and `serve`
 //! (links libtorch).
 
-use rredcot_ml::cpu_cache;
+use rredcot_ml::{cpu_cache, model::head};
+
+/// A bad setting of the environment: said, and nothing runs (exit code 2).
+fn refuse(e: String) -> ! {
+    eprintln!("rredcot-worker: {e}");
+    std::process::exit(2);
+}
 
 fn main() {
     // Before the first tensor: the caching CPU allocator (ml/src/cpu_cache.rs says why).
@@ -12,18 +18,13 @@ fn main() {
             }
         }
         Ok(None) => {}
-        Err(e) => {
-            eprintln!("rredcot-worker: {e}");
-            std::process::exit(2);
-        }
+        Err(e) => refuse(e),
     }
-    match rredcot_ml::model::head::logits_at_once_from_env() {
-        Ok(Some(n)) => rredcot_ml::model::head::set_logits_at_once(n),
+    // The LM head's piece size (ml/src/model/head.rs).
+    match head::logits_at_once_from_env() {
+        Ok(Some(n)) => head::set_logits_at_once(n),
         Ok(None) => {}
-        Err(e) => {
-            eprintln!("rredcot-worker: {e}");
-            std::process::exit(2);
-        }
+        Err(e) => refuse(e),
     }
     std::process::exit(rredcot::cli::main(&rredcot_ml::stages::FULL_RUNTIME, Some(rredcot_ml::serve::run)));
 }
