@@ -267,7 +267,7 @@ pub fn prefill_completion(
         let (mut chosen, mut entropy, mut top_rows) = (Vec::new(), Vec::new(), Vec::with_capacity(completion.len()));
         // The LM head in pieces of positions (super::head): a long completion's [c, V] logits,
         // their log-probabilities and probabilities never exist at once.
-        for (s, n) in head::pieces(c, head::items_per_piece(head::logits_at_once(dev), model.cfg.vocab_size)) {
+        for (s, n) in head::row_pieces(model, c) {
             let logits = model.logits(&h.narrow(0, s, n)).to_kind(Kind::Float);
             check_finite(&logits, 0)?;
             let (logp, may_be_inf) = sampling_logp(&logits, p);

@@ -88,6 +88,26 @@ pub fn pieces(n: i64, per_piece: i64) -> Vec<(i64, i64)> {
         .collect()
 }
 
+/// The pieces of `n` rows `[n, D]` for `model`'s head (each row `V` logits).
+pub fn row_pieces(model: &DecoderLm, n: i64) -> Vec<(i64, i64)> {
+    pieces(n, items_per_piece(logits_at_once(model.device()), model.cfg.vocab_size))
+}
+
+/// The pieces of the `l` positions of a `[b, l, D]` batch for `model`'s head (each position
+/// `b × V` logits).
+pub fn position_pieces(model: &DecoderLm, b: i64, l: i64) -> Vec<(i64, i64)> {
+    pieces(l, items_per_piece(logits_at_once(model.device()), b * model.cfg.vocab_size))
+}
+
+/// The pieces' results joined along `dim`; `empty` where there was no piece.
+fn join(mut parts: Vec<Tensor>, dim: i64, empty: impl FnOnce() -> Tensor) -> Tensor {
+    match parts.len() {
+        0 => empty(),
+        1 => parts.pop().expect("one part"),
+        _ => Tensor::cat(&parts, dim),
+    }
+}
+
 /// `log_softmax(logits / temperature)` at `targets` (`logits: [.., V]`, `targets: [.., K]`
 /// int64): float32 `[.., K]`.
 pub fn logprobs_at(logits: &Tensor, targets: &Tensor, temperature: f64) -> Tensor {
@@ -102,18 +122,12 @@ pub fn logprobs_at(logits: &Tensor, targets: &Tensor, temperature: f64) -> Tenso
 /// [`ModelError::NonFinite`] naming `row` if any logit is not finite (checked once for all
 /// pieces: one read from the device).
 pub fn head_logprobs(model: &DecoderLm, hidden: &Tensor, targets: &Tensor, row: usize) -> Result<Tensor> {
-    head_logprobs_within(model, hidden, targets, row, logits_at_once(model.device()))
-}
-
-/// [`head_logprobs`] with pieces of at most `logits` logits.
-fn head_logprobs_within(model: &DecoderLm, hidden: &Tensor, targets: &Tensor, row: usize, logits: i64) -> Result<Tensor> {
     let (n, _) = hidden
         .size2()
         .map_err(|e| ModelError::Request(format!("hidden states must be [rows, width]: {e}")))?;
-    let per = items_per_piece(logits, model.cfg.vocab_size);
     let mut finite: Option<Tensor> = None;
     let mut parts = Vec::new();
-    for (s, len) in pieces(n, per) {
+    for (s, len) in row_pieces(model, n) {
         let logits = model.logits(&hidden.narrow(0, s, len));
         let ok = super::error::all_finite(&logits);
         finite = Some(match finite {
@@ -127,28 +141,19 @@ fn head_logprobs_within(model: &DecoderLm, hidden: &Tensor, targets: &Tensor, ro
             return Err(ModelError::NonFinite { row, step: 0 });
         }
     }
-    Ok(match parts.len() {
-        0 => Tensor::zeros([0, targets.size()[1]], (Kind::Float, hidden.device())),
-        1 => parts.pop().expect("one part"),
-        _ => Tensor::cat(&parts, 0),
-    })
+    Ok(join(parts, 0, || Tensor::zeros([0, targets.size()[1]], (Kind::Float, hidden.device()))))
 }
 
 /// Log-probabilities `[B, L]` of `targets: [B, L]` given the final hidden states
-/// `hidden: [B, L, D]` (logits / `temperature`), the head run on pieces of positions of at most
-/// `logits` logits. With autograd each piece keeps only its log-softmax for the backward.
-pub fn position_logprobs(model: &DecoderLm, hidden: &Tensor, targets: &Tensor, temperature: f64, logits: i64) -> Tensor {
+/// `hidden: [B, L, D]` (logits / `temperature`), the head run on [`position_pieces`]. With
+/// autograd each piece keeps only its log-softmax for the backward.
+pub fn position_logprobs(model: &DecoderLm, hidden: &Tensor, targets: &Tensor, temperature: f64) -> Tensor {
     let (b, l) = (hidden.size()[0], hidden.size()[1]);
-    let per = items_per_piece(logits, b * model.cfg.vocab_size);
-    let mut parts: Vec<Tensor> = pieces(l, per)
+    let parts = position_pieces(model, b, l)
         .into_iter()
         .map(|(s, n)| position_piece(model, hidden, targets, temperature, s, n))
         .collect();
-    match parts.len() {
-        0 => Tensor::zeros([b, 0], (Kind::Float, hidden.device())),
-        1 => parts.pop().expect("one part"),
-        _ => Tensor::cat(&parts, 1),
-    }
+    join(parts, 1, || Tensor::zeros([b, 0], (Kind::Float, hidden.device())))
 }
 
 /// One piece of [`position_logprobs`]: positions `s..s + n`, `[B, n]`.
@@ -201,7 +206,9 @@ mod tests {
                 let whole = (m.logits(&hidden).to_kind(Kind::Float) / t).log_softmax(-1, Kind::Float);
                 let want = whole.gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
                 for logits in [1, 2 * b * v, 3 * b * v, 1 << 30] {
-                    let got = position_logprobs(&m, &hidden, &targets, t, logits);
+                    TEST_LOGITS_AT_ONCE.set(Some(logits));
+                    let got = position_logprobs(&m, &hidden, &targets, t);
+                    TEST_LOGITS_AT_ONCE.set(None);
                     assert_eq!(got.size(), [b, l]);
                     let diff = (&got - &want).abs().max().double_value(&[]);
                     assert!(diff < 1e-5, "{kind:?} T={t} piece of {logits} logits: {diff}");
@@ -212,7 +219,9 @@ mod tests {
             let two = Tensor::randint(v, [b * l, 2], (Kind::Int64, Device::Cpu));
             let want = m.logits(&flat).to_kind(Kind::Float).log_softmax(-1, Kind::Float).gather(-1, &two, false);
             for logits in [1, 2 * v, 1 << 30] {
-                let got = head_logprobs_within(&m, &flat, &two, 0, logits).unwrap();
+                TEST_LOGITS_AT_ONCE.set(Some(logits));
+                let got = head_logprobs(&m, &flat, &two, 0).unwrap();
+                TEST_LOGITS_AT_ONCE.set(None);
                 assert_eq!(got.size(), [b * l, 2]);
                 let diff = (&got - &want).abs().max().double_value(&[]);
                 assert!(diff < 1e-5, "{kind:?} rows in pieces of {logits} logits: {diff}");
@@ -229,16 +238,19 @@ mod tests {
         let rows = 11;
         let hidden = Tensor::randn([rows, m.cfg.hidden_size], (Kind::Float, Device::Cpu));
         let targets = Tensor::zeros([rows, 1], (Kind::Int64, Device::Cpu));
-        assert!(head_logprobs_within(&m, &hidden, &targets, 9, 4 * v).is_ok());
+        TEST_LOGITS_AT_ONCE.set(Some(4 * v));
+        assert_eq!(row_pieces(&m, rows).len(), 3);
+        assert!(head_logprobs(&m, &hidden, &targets, 9).is_ok());
         for bad_row in [0, 5, rows - 1] {
             for bad in [f64::NAN, f64::INFINITY] {
                 let h = hidden.copy();
                 let _ = h.get(bad_row).fill_(bad);
                 assert!(
-                    matches!(head_logprobs_within(&m, &h, &targets, 9, 4 * v), Err(ModelError::NonFinite { row: 9, step: 0 })),
+                    matches!(head_logprobs(&m, &h, &targets, 9), Err(ModelError::NonFinite { row: 9, step: 0 })),
                     "{bad} hidden state at row {bad_row} of {rows}"
                 );
             }
         }
+        TEST_LOGITS_AT_ONCE.set(None);
     }
 }

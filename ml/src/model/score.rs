@@ -15,7 +15,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::decoder::{causal_bias, DecoderLm, MASKED};
 use super::error::{check_finite, ModelError, Result};
-use super::head::head_logprobs;
+use super::head::{head_logprobs, logprobs_at};
 use super::layers::{AttnMask, KvCache};
 
 /// Most (row × token) positions whose logits are materialised at once.
@@ -24,15 +24,6 @@ const LOGIT_ROWS: i64 = 1024;
 /// Padding cells a chunk of target rows may carry beyond a quarter of its real ones (a few
 /// padded cells cost less than another forward call).
 const PAD_SLACK: i64 = 8;
-
-/// Log-probability of `targets: [M, L]` under `logits: [M, L, V]` (float32 result `[M, L]`).
-fn gather_logprobs(logits: &Tensor, targets: &Tensor) -> Tensor {
-    logits
-        .to_kind(Kind::Float)
-        .log_softmax(-1, Kind::Float)
-        .gather(-1, &targets.unsqueeze(-1), false)
-        .squeeze_dim(-1)
-}
 
 /// Per-token `log p(continuation_i | prefix_i)` for every pair, in batches of `batch_size`.
 pub fn logprob(
@@ -581,7 +572,7 @@ pub fn score_cuts_naive(
                 let logits = model.logits(&h.narrow(1, c as i64 - 1, t.len() as i64));
                 check_finite(&logits, i)?;
                 let tgt = Tensor::from_slice(t).view([1, -1]).to_device(dev);
-                out[i][j] = gather_logprobs(&logits, &tgt)
+                out[i][j] = logprobs_at(&logits, &tgt.unsqueeze(-1), 1.0)
                     .sum(Kind::Double)
                     .double_value(&[]);
             }
@@ -611,7 +602,7 @@ pub fn embedding_grad_l1(model: &DecoderLm, seq: &[i64], target_start: usize) ->
     let logits = model.logits(&h.narrow(1, t0 - 1, n - t0));
     check_finite(&logits, 0)?;
     let tgt = ids.narrow(1, t0, n - t0);
-    let total = gather_logprobs(&logits, &tgt).sum(Kind::Float);
+    let total = logprobs_at(&logits, &tgt.unsqueeze(-1), 1.0).sum(Kind::Float);
     let grads = Tensor::run_backward(&[&total], &[&emb], false, false);
     let l1 = grads[0]
         .to_kind(Kind::Double)
@@ -873,7 +864,7 @@ pub(crate) mod tests {
         let ids = Tensor::from_slice(&seq).view([1, n]);
         let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
         let tgt = Tensor::from_slice(&seq[start..]).view([1, -1]);
-        // The objective in float64, independent of gather_logprobs.
+        // The objective in float64, independent of logprobs_at.
         let objective = |e: &Tensor| -> f64 {
             tch::no_grad(|| {
                 let h = m.hidden_from_embeds(e.shallow_clone(), &pos, &AttnMask::Causal, None);

@@ -52,8 +52,6 @@ pub struct TrainModel {
     params: Vec<(String, Tensor)>,
     /// The bf16 copy's variables, in the same order.
     compute_params: Vec<(String, Tensor)>,
-    /// Under checkpointing, logits computed at once by the LM head ([`head::logits_at_once`]).
-    head_logits: i64,
 }
 
 impl TrainModel {
@@ -74,8 +72,7 @@ impl TrainModel {
             copy
         });
         let compute_params = compute.as_ref().map(DecoderLm::sorted_variables).unwrap_or_default();
-        let head_logits = head::logits_at_once(master.device());
-        TrainModel { master, compute, checkpointing, params, compute_params, head_logits }
+        TrainModel { master, compute, checkpointing, params, compute_params }
     }
 
     /// The float32 weights (what is saved).
@@ -117,7 +114,7 @@ impl TrainModel {
         let out = if self.checkpointing {
             let len = ids.size()[1];
             model.backward_checkpointed(&ids.narrow(1, 0, len - 1), |hidden| {
-                chunked_head(model, hidden, ids, temperature, self.head_logits, loss_of)
+                chunked_head(model, hidden, ids, temperature, loss_of)
             })?
         } else {
             let (loss, out) = loss_of(&self.token_logprobs(ids, temperature)?)?;
@@ -155,29 +152,28 @@ pub fn token_logprobs(model: &DecoderLm, ids: &Tensor, temperature: f64) -> Resu
     let len = ids.size()[1];
     let hidden = model.forward_hidden(&ids.narrow(1, 0, len - 1), None, None)?;
     let targets = ids.to_device(model.device()).narrow(1, 1, len - 1);
-    Ok(head::position_logprobs(model, &hidden, &targets, temperature, head::logits_at_once(model.device())))
+    Ok(head::position_logprobs(model, &hidden, &targets, temperature))
 }
 
 /// The head under checkpointing: `loss_of` over the log-probabilities of `ids[:, 1:]` given the
 /// final hidden states `hidden: [B, L-1, D]` (a leaf), with the LM head run in pieces of
-/// positions of at most `logits_at_once` logits twice — without autograd for the loss, then
-/// piece by piece with it for the backward of sum(logp * dL/dlogp) — so the `[B, L, V]` logits
-/// never exist at once. Leaves `hidden.grad()` and the head's parameter gradients.
+/// positions ([`head::position_pieces`]) twice — without autograd for the loss, then piece by
+/// piece with it for the backward of sum(logp * dL/dlogp) — so the `[B, L, V]` logits never
+/// exist at once. Leaves `hidden.grad()` and the head's parameter gradients.
 fn chunked_head<R>(
     model: &DecoderLm,
     hidden: &Tensor,
     ids: &Tensor,
     temperature: f64,
-    logits_at_once: i64,
     loss_of: impl FnOnce(&Tensor) -> Result<(Tensor, R)>,
 ) -> Result<R> {
     let (b, l, _) = hidden.size3()?;
     let targets = ids.narrow(1, 1, l);
-    let logp = tch::no_grad(|| head::position_logprobs(model, hidden, &targets, temperature, logits_at_once)).set_requires_grad(true);
+    let logp = tch::no_grad(|| head::position_logprobs(model, hidden, &targets, temperature)).set_requires_grad(true);
     let (loss, out) = loss_of(&logp)?;
     loss.backward();
     let grad = logp.grad();
-    for (s, n) in head::pieces(l, head::items_per_piece(logits_at_once, b * model.cfg.vocab_size)) {
+    for (s, n) in head::position_pieces(model, b, l) {
         (head::position_piece(model, hidden, &targets, temperature, s, n) * grad.narrow(1, s, n)).sum(Kind::Float).backward();
     }
     Ok(out)
@@ -249,11 +245,15 @@ mod tests {
     fn checkpointing_gives_the_same_gradients() {
         let (a, b) = twins(Arch::Qwen3, 6);
         let plain = TrainModel::new(a, TrainDtype::F32, false);
-        let mut ckpt = TrainModel::new(b, TrainDtype::F32, true);
+        let ckpt = TrainModel::new(b, TrainDtype::F32, true);
         let pieces_of_two = 2 * 2 * ckpt.master.cfg.vocab_size;
-        ckpt.head_logits = pieces_of_two;
-        assert_eq!(head::items_per_piece(ckpt.head_logits, 2 * ckpt.master.cfg.vocab_size), 2);
-        let (a, b) = (plain.backward(&ids(), 0.7, loss).unwrap(), ckpt.backward(&ids(), 0.7, loss).unwrap());
+        assert_eq!(head::items_per_piece(pieces_of_two, 2 * ckpt.master.cfg.vocab_size), 2);
+        let a = plain.backward(&ids(), 0.7, loss).unwrap();
+        head::TEST_LOGITS_AT_ONCE.set(Some(pieces_of_two));
+        assert_eq!(head::position_pieces(&ckpt.master, 2, 5), [(0, 2), (2, 2), (4, 1)]);
+        let b = ckpt.backward(&ids(), 0.7, loss);
+        head::TEST_LOGITS_AT_ONCE.set(None);
+        let b = b.unwrap();
         assert!((a - b).abs() < 1e-6);
         let same = |x: &Tensor, y: &Tensor, what: &str| {
             let d = (x - y).abs().max().double_value(&[]);
