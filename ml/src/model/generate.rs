@@ -29,6 +29,7 @@ use super::decoder::{DecoderLm, MASKED};
 use super::error::{check_finite, rows_finite, ModelError, Result};
 use super::head;
 use super::layers::{AttnMask, FusedProjections, KvCache};
+use super::nucleus;
 use super::static_decode::StaticStep;
 use super::tokenizer::Tokenizer;
 
@@ -116,13 +117,7 @@ fn sampling_logp(logits: &Tensor, p: &SamplingParams) -> (Tensor, bool) {
         scaled = scaled.masked_fill(&scaled.lt_tensor(&kth), f64::NEG_INFINITY);
     }
     if p.top_p < 1.0 {
-        let (sorted, idx) = scaled.sort(-1, true);
-        let probs = sorted.softmax(-1, Kind::Float);
-        // Drop a token when the mass before it already reaches top_p (keeps >= 1 token).
-        let before = probs.cumsum(-1, Kind::Float) - &probs;
-        let drop_sorted = before.ge(p.top_p);
-        let drop = drop_sorted.scatter(-1, &idx, &drop_sorted);
-        scaled = scaled.masked_fill(&drop, f64::NEG_INFINITY);
+        scaled = scaled.masked_fill(&nucleus::top_p_drop(&scaled, p.top_p), f64::NEG_INFINITY);
     }
     (scaled.log_softmax(-1, Kind::Float), true)
 }
