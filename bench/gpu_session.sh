@@ -9,8 +9,9 @@
 #   tests       bench/gpu_tests.sh on the gpu and decode test binaries with CUDA graphs on: the
 #               graphs' first run on a GPU (280 s, half per binary)
 #   decode      bench/gpu.sh's decode part: static and continuous batching, eager and replayed as
-#               CUDA graphs, then f32 with TF32 products, beside transformers, and where a step's
-#               time goes, piece by piece (DECODE_FIGURES; 300 s)
+#               CUDA graphs, then f32 with TF32 products, beside transformers, where a step's
+#               time goes, piece by piece, and the sampler's and top_p's filter's milliseconds
+#               (DECODE_FIGURES; 300 s)
 #   quickstart  bench/gpu.sh's shortened quickstart on the CPU and the GPU, graphs on (240 s)
 #   table2      bench/gpu.sh's Table 2 step at TABLE2_PROMPTS (default 64) prompts (570 s)
 # `tests decode` fits one call (580 s), `quickstart` another. After each part OUT_DIR holds its
@@ -35,7 +36,7 @@ for part in "$@"; do
     # gpu_tests.sh bounds each binary itself: half the part's limit each.
     tests) bash bench/gpu_tests.sh "$out/tests" $((limit / 2)) gpu decode ;;
     # bench_gpu stops 120 s before the part's limit, leaving transformers' side its time.
-    decode) DECODE_FIGURES=${DECODE_FIGURES:-step_breakdown decode decode_continuous decode_unfused decode_graph decode_continuous_graph decode_tf32} \
+    decode) DECODE_FIGURES=${DECODE_FIGURES:-sampler step_breakdown decode decode_continuous decode_unfused decode_graph decode_continuous_graph decode_tf32} \
               DECODE_TIMEOUT=$((limit - 120)) GPU_PARTS=decode timeout "$limit" bash bench/gpu.sh ;;
     # Four runs (CPU, GPU; warm and fresh stage processes), each bounded, inside the part's limit.
     quickstart) GPU_PARTS=quickstart QS_TIMEOUT=$((limit / 4 - 5)) timeout "$limit" bash bench/gpu.sh ;;

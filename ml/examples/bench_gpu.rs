@@ -227,7 +227,7 @@ fn main() -> anyhow::Result<()> {
         median
     };
     // The sampler alone on [B, V] float32 probabilities: the one-level inverse cdf (PyTorch's
-    // scan over a whole row) against the two-level one CUDA decoding uses.
+    // scan over a whole row) against the two-level one CUDA decoding uses; and top_p's filter.
     if wanted("sampler") {
         for b in [1i64, 64, 256] {
             let probs = (Tensor::randn([b, cfg.vocab_size], (Kind::Float, dev)) * 3.0).softmax(-1, Kind::Float);
@@ -238,9 +238,16 @@ fn main() -> anyhow::Result<()> {
             let two = time(dev, 20, || {
                 let _ = model::generate::inverse_cdf_chunked(&probs, &u, 1024);
             });
-            eprintln!("sampler b{b}: one-level {one:.2} ms, chunked {two:.2} ms");
+            // top_p's filter (the paper's evaluations sample with top_p 0.95), which sorts every
+            // row on a GPU: its cost beside a decode step's (step_breakdown).
+            let logits = Tensor::randn([b, cfg.vocab_size], (Kind::Float, dev)) * 3.0;
+            let top_p = time(dev, 20, || {
+                let _ = model::nucleus::top_p_drop(&logits, 0.95);
+            });
+            eprintln!("sampler b{b}: one-level {one:.2} ms, chunked {two:.2} ms, top_p filter {top_p:.2} ms");
             res.insert(format!("sampler_ms_one_level_b{b}"), one.into());
             res.insert(format!("sampler_ms_chunked_b{b}"), two.into());
+            res.insert(format!("top_p_filter_ms_b{b}"), top_p.into());
         }
     }
     // Where a bf16 decode step's time goes, per piece over the layers, at 128 cached tokens (the

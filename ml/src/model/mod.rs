@@ -18,7 +18,7 @@ pub mod head;
 pub mod layers;
 pub mod llama;
 pub mod matmul_precision;
-mod nucleus;
+pub mod nucleus;
 pub mod qwen2;
 pub mod qwen3;
 pub mod score;

@@ -38,7 +38,7 @@ fn sort_always() -> bool {
 
 /// The tokens of `scaled: [.., V]` (float32 logits / T, filtered tokens -inf) that top-p drops:
 /// a bool tensor of the same shape.
-pub(super) fn top_p_drop(scaled: &Tensor, top_p: f64) -> Tensor {
+pub fn top_p_drop(scaled: &Tensor, top_p: f64) -> Tensor {
     let size = scaled.size();
     let v = *size.last().expect("logits have a vocabulary dimension");
     // host: the fast path runs where its per-row decision costs no device synchronisation.
@@ -63,7 +63,7 @@ pub(super) fn top_p_drop(scaled: &Tensor, top_p: f64) -> Tensor {
 
 /// The definition: per row, sort the logits and drop a token when the mass before it already
 /// reaches `top_p` (so at least one token is kept).
-pub(super) fn drop_by_sort(scaled: &Tensor, top_p: f64) -> Tensor {
+pub fn drop_by_sort(scaled: &Tensor, top_p: f64) -> Tensor {
     let (sorted, idx) = scaled.sort(-1, true);
     let probs = sorted.softmax(-1, Kind::Float);
     let before = probs.cumsum(-1, Kind::Float) - &probs;
