@@ -63,3 +63,24 @@ torch.manual_seed(0)
 transformers.Qwen2ForCausalLM(cfg).save_pretrained(sys.argv[1])
 PYEOF
 }
+# The CPU Table 2 step benchmarks (cpu_alloc.sh, head_pieces.sh): `table2_cpu_setup` builds the
+# release worker and writes the Qwen-vocabulary model to $TMP/model; `table2_cpu_step NAME ENV
+# [--set ...]` runs one step through bench/table2_step.sh with the worker under `env ENV` (e.g.
+# "-u VAR" or "VAR=VALUE") and appends "NAME STAGE RECORD" to $TMP/rows for each stage; then
+# bench/stage_runs.py sums the rows up.
+table2_cpu_setup() {
+  cargo build --release -p rredcot-ml --bin rredcot-worker
+  qwen_vocab_model "$TMP/model"
+  touch "$TMP/rows"
+}
+table2_cpu_step() {
+  local name=$1 env=$2; shift 2
+  local records=$TMP/records-$name
+  mkdir -p "$records"
+  RUN="env $env ./target/release/rredcot-worker" RUN_RECORDS=$records \
+    bash bench/table2_step.sh "$TMP/model" "$records/step.json" "$PROMPTS" 6 "$NEW" "$@" >/dev/null
+  local stage
+  for stage in rollout segment score update; do
+    echo "$name $stage $records/$stage.json" >>"$TMP/rows"
+  done
+}

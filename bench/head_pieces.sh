@@ -17,70 +17,28 @@ source bench/env.sh
 REPS=${REPS:-2}
 PROMPTS=${PROMPTS:-16}
 NEW=${NEW:-128}
-cargo build --release -p rredcot-ml --bin rredcot-worker
-W=./target/release/rredcot-worker
-qwen_vocab_model "$TMP/model"
-
-# One step: $1 = a name, $2 = RREDCOT_HEAD_LOGITS or "default", the rest extra --set args.
-step() {
-  local name=$1 size=$2; shift 2
-  local records=$TMP/records-$name
-  mkdir -p "$records"
-  local run="env -u RREDCOT_HEAD_LOGITS $W"
-  [ "$size" = default ] || run="env RREDCOT_HEAD_LOGITS=$size $W"
-  RUN=$run RUN_RECORDS=$records bash bench/table2_step.sh "$TMP/model" "$records/step.json" "$PROMPTS" 6 "$NEW" "$@" >/dev/null
-  for stage in rollout segment score update; do
-    echo "$name $size $stage $records/$stage.json" >>"$TMP/rows"
-  done
-}
-: >"$TMP/rows"
+table2_cpu_setup
 for rep in $(seq "$REPS"); do
-  step "rep$rep-default" default
-  step "rep$rep-previous" $((1 << 28))
+  table2_cpu_step "default-$rep" "-u RREDCOT_HEAD_LOGITS"
+  table2_cpu_step "previous-$rep" "RREDCOT_HEAD_LOGITS=$((1 << 28))"
 done
-step kl-default default --set update.beta=0.04
-step kl-at-once $((1 << 40)) --set update.beta=0.04
-
-$PY - "$TMP/rows" "$REPS" "$PROMPTS" "$NEW" <<'PYEOF' >bench/results/head_pieces.json
-import json, os, statistics, sys
-rows = [l.split() for l in open(sys.argv[1])]
-out = {"command": "bash bench/head_pieces.sh", "machine": f"{os.cpu_count()} CPUs, release build",
-       "model": "Qwen2, vocabulary 151,936, 2 layers of width 64, random weights, Qwen3 tokenizer",
-       "step": f"{sys.argv[3]} GSM8K prompts x 6 samples x {sys.argv[4]} new tokens through pipelines/paper-table2.toml (bench/table2_step.sh: update in bf16 with gradient checkpointing)",
-       "reps": int(sys.argv[2]), "stages": {}}
-def runs(prefix, size, stage):
-    return [json.load(open(r[3])) for r in rows if r[0].startswith(prefix) and r[1] == size and r[2] == stage]
-for stage in ["rollout", "segment", "score", "update"]:
-    per = {}
-    for label, size in [("default", "default"), ("previous", str(1 << 28))]:
-        rs = runs("rep", size, stage)
-        hashes = [{k: v["hash"] for k, v in sorted(x["outputs"].items())} for x in rs]
-        per[label] = {"seconds": [round(x["wall_s"], 2) for x in rs],
-                      "peak_rss_mb": [round(x["peak_rss_mb"], 1) for x in rs],
-                      "outputs": hashes[0], "all_reps_same_outputs": all(h == hashes[0] for h in hashes)}
-    d, p = per["default"], per["previous"]
-    out["stages"][stage] = {
-        "default_seconds_median": statistics.median(d["seconds"]), "previous_seconds_median": statistics.median(p["seconds"]),
-        "speedup": statistics.median(p["seconds"]) / statistics.median(d["seconds"]),
-        "default_peak_rss_mb": max(d["peak_rss_mb"]), "previous_peak_rss_mb": max(p["peak_rss_mb"]),
-        "same_outputs": d["outputs"] == p["outputs"] and d["all_reps_same_outputs"] and p["all_reps_same_outputs"],
-        "runs": per}
+table2_cpu_step kl-default "-u RREDCOT_HEAD_LOGITS" --set update.beta=0.04
+table2_cpu_step kl-at-once "RREDCOT_HEAD_LOGITS=$((1 << 40))" --set update.beta=0.04
+$PY - "$TMP/rows" "$REPS" "$PROMPTS" "$NEW" <<'PYEOF'
+import json, sys
+sys.path.insert(0, "bench")
+import stage_runs
+rows, (reps, prompts, new) = stage_runs.read_rows(sys.argv[1]), sys.argv[2:5]
+out = stage_runs.header("bash bench/head_pieces.sh", reps, prompts, new)
+out["stages"] = stage_runs.compare(rows, [("default", "default-"), ("previous", "previous-")])
 kl = {}
-for label, size in [("default", "default"), ("at_once", str(1 << 40))]:
-    [u] = runs("kl-", size, "update")
-    kl[label] = {"seconds": round(u["wall_s"], 2), "peak_rss_mb": round(u["peak_rss_mb"], 1),
-                 "outputs": {k: v["hash"] for k, v in sorted(u["outputs"].items())}}
+for label in ["default", "at-once"]:
+    [u] = stage_runs.runs(rows, f"kl-{label}", "update")
+    kl[label.replace("-", "_")] = {"seconds": round(u["wall_s"], 2), "peak_rss_mb": round(u["peak_rss_mb"], 1),
+                                   "outputs": stage_runs.outputs(u)}
 out["update_with_kl_beta_0.04"] = kl
-json.dump(out, sys.stdout, indent=1)
-print()
-PYEOF
-$PY - <<'PYEOF'
-import json
-d = json.load(open("bench/results/head_pieces.json"))
-for s, v in d["stages"].items():
-    print(f"{s}: {v['previous_seconds_median']:.2f} s -> {v['default_seconds_median']:.2f} s ({v['speedup']:.2f}x), "
-          f"peak RSS {v['previous_peak_rss_mb']:.0f} -> {v['default_peak_rss_mb']:.0f} MB, same outputs: {v['same_outputs']}")
-k = d["update_with_kl_beta_0.04"]
-print(f"update with a KL term: head at once {k['at_once']['seconds']} s, {k['at_once']['peak_rss_mb']:.0f} MB -> "
-      f"in pieces {k['default']['seconds']} s, {k['default']['peak_rss_mb']:.0f} MB")
+json.dump(out, open("bench/results/head_pieces.json", "w"), indent=1)
+stage_runs.print_stages(out["stages"], "default", "previous")
+print(f"update with a KL term: head at once {kl['at_once']['seconds']} s, {kl['at_once']['peak_rss_mb']:.0f} MB -> "
+      f"in pieces {kl['default']['seconds']} s, {kl['default']['peak_rss_mb']:.0f} MB")
 PYEOF

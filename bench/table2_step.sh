@@ -14,7 +14,7 @@
 #   (default ./target/release/rredcot-worker); STAGES (default "rollout segment score update")
 #   picks the stages timed; RUN_RECORDS=DIR copies each stage instance's run record (its own
 #   seconds, peak RSS, output hashes) to DIR/STAGE.json. Not a benchmark of its own: bench/gpu.sh
-#   and bench/cpu_alloc.sh run it.
+#   and the CPU step benchmarks (bench/env.sh's table2_cpu_step) run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$(cd "$1" && pwd); out=$2; shift 2
