@@ -5,29 +5,27 @@
 //! `[8, 49152]` sort 29 ms on one thread, beside a 114 ms SmolLM2-135M decode step; `[8, 151936]`
 //! 90 ms), while a sampled reasoning trace mostly sits where a few tokens hold the mass. So on the
 //! CPU each row first tries [`threshold_from_top`]: its largest [`CANDIDATES`] logits settle the
-//! nucleus when its edge is clear of `top_p` by [`MARGIN`] and falls between two different
-//! logits. Such a row drops exactly the tokens the sort would (the bound is at [`MARGIN`]); every
-//! other row is sorted. On a GPU every row is sorted: the per-row decision would read back to the
-//! host each step, which a captured decode step cannot.
+//! nucleus when its edge is clear of `top_p` by [`margin`] (more than the two ways of summing the
+//! mass can differ by) and falls between two different logits. Such a row drops exactly the
+//! tokens the sort would; every other row is sorted. On a GPU every row is sorted: the per-row
+//! decision would read back to the host each step, which a captured decode step cannot.
 
 use tch::{Device, Kind, Tensor};
 
-/// The largest logits of a row the fast path looks at. A row it settles keeps fewer tokens than
-/// `1 / (2 * MARGIN)` = 20 (each kept token but the last has at least the last one's mass, which
-/// is at least `2 * MARGIN`), so 32 candidates always hold the nucleus and the token after it.
+/// The largest logits of a row the fast path looks at: a nucleus of more tokens is sorted.
 const CANDIDATES: i64 = 32;
 
 /// How far (in probability mass) the nucleus' edge must be from `top_p` for the fast path to
-/// decide a row. Both ways of computing the mass before a token round: the sort's float32 softmax
-/// sums `V` terms in some order, off by at most `(V - 1) * 2^-24` relative (0.0091 at `V` =
-/// 152k), and this path's float32 `logsumexp` is off by the same, the rest is float64 or exact.
-/// So the two differ by less than 0.019 for any vocabulary up to 2^17.5 tokens; beyond that the
-/// fast path is not taken ([`MAX_VOCAB`]).
-const MARGIN: f64 = 0.025;
-
-/// Largest vocabulary for which [`MARGIN`] bounds the rounding (see there): 2 * (V - 1) * 2^-24
-/// stays below 0.019.
-const MAX_VOCAB: i64 = 159_000;
+/// decide a row of `v` logits. Both ways of computing the mass before a token round: the sort's
+/// float32 softmax sums `v` terms in some order, which is off by at most `(v - 1) * 2^-24` of the
+/// sum whatever the order, and this path's float32 `logsumexp` by as much; the rest (a few
+/// roundings of the exponentials, the log, the cumulative sum of at most [`CANDIDATES`] terms, the
+/// float64 sums here) stays below 1e-5, taken as 1e-4. So 0.0060 for SmolLM2's 49,152 tokens,
+/// 0.0182 for Qwen's 151,936.
+fn margin(v: i64) -> f64 {
+    // Twice (v - 1) * 2^-24, float32's epsilon being 2^-23.
+    (v - 1) as f64 * f64::from(f32::EPSILON) + 1e-4
+}
 
 /// Whether the fast path is off (`RREDCOT_TOP_P_SORT=1`): every row sorted, the reference the
 /// benchmark measures against (bench/top_p.sh). Read once.
@@ -42,7 +40,7 @@ pub fn top_p_drop(scaled: &Tensor, top_p: f64) -> Tensor {
     let size = scaled.size();
     let v = *size.last().expect("logits have a vocabulary dimension");
     // host: the fast path runs where its per-row decision costs no device synchronisation.
-    if scaled.device() != Device::Cpu || v > MAX_VOCAB || sort_always() || scaled.numel() == 0 {
+    if scaled.device() != Device::Cpu || sort_always() || scaled.numel() == 0 {
         return drop_by_sort(scaled, top_p);
     }
     let rows = scaled.reshape([-1, v]);
@@ -82,16 +80,17 @@ fn thresholds_from_top(rows: &Tensor, top_p: f64) -> Vec<Option<f32>> {
         (Ok(top), Ok(lse)) => (top, lse),
         _ => return vec![None; r as usize],
     };
-    top.chunks(k as usize).zip(lse).map(|(top, lse)| threshold_from_top(top, lse, top_p)).collect()
+    let margin = margin(v);
+    top.chunks(k as usize).zip(lse).map(|(top, lse)| threshold_from_top(top, lse, top_p, margin)).collect()
 }
 
 /// One row: `top` its largest logits in descending order, `lse` the log of its softmax's
 /// denominator. The nucleus is the first `m` tokens where the mass before token `m` is the first
-/// to reach `top_p`; the row is decided when that mass is at least `top_p + MARGIN`, the mass
-/// before token `m - 1` below `top_p - MARGIN`, and token `m - 1`'s logit above token `m`'s (else
+/// to reach `top_p`; the row is decided when that mass is at least `top_p + margin`, the mass
+/// before token `m - 1` below `top_p - margin`, and token `m - 1`'s logit above token `m`'s (else
 /// which of two equal logits the sort keeps depends on its order). Returns token `m - 1`'s logit:
 /// the row keeps exactly the logits at or above it.
-fn threshold_from_top(top: &[f32], lse: f32, top_p: f64) -> Option<f32> {
+fn threshold_from_top(top: &[f32], lse: f32, top_p: f64, margin: f64) -> Option<f32> {
     if !lse.is_finite() {
         return None;
     }
@@ -103,8 +102,8 @@ fn threshold_from_top(top: &[f32], lse: f32, top_p: f64) -> Option<f32> {
         }
         let prev = before;
         before += (f64::from(last) - f64::from(lse)).exp();
-        if before >= top_p - MARGIN {
-            let clear = prev < top_p - MARGIN && before >= top_p + MARGIN && last > top[m];
+        if before >= top_p - margin {
+            let clear = prev < top_p - margin && before >= top_p + margin && last > top[m];
             return clear.then_some(last);
         }
     }
@@ -207,13 +206,15 @@ mod tests {
 
     #[test]
     fn the_fast_path_leaves_unclear_rows_to_the_sort() {
-        let v = 1000;
+        // Qwen's vocabulary: a margin of 0.018.
+        let v = 151_936;
+        assert!((margin(v) - 0.0182).abs() < 1e-4 && (margin(49_152) - 0.0060).abs() < 1e-4);
         let decide = |masses: &[f64], p: f64| {
             let row = row_of(masses, v);
             let lse = Tensor::from_slice(&row).logsumexp(-1, false).double_value(&[]) as f32;
             let mut top = row;
             top.sort_by(|x, y| y.total_cmp(x));
-            threshold_from_top(&top[..CANDIDATES as usize], lse, p)
+            threshold_from_top(&top[..CANDIDATES as usize], lse, p, margin(v))
         };
         let logit = |m: f64| Some(m.ln() as f32);
         // Clear: the first token alone reaches 0.9 with room to spare; 0.6 + 0.38 needs both.
@@ -226,17 +227,18 @@ mod tests {
         // Equal logits across the edge: which one the sort keeps depends on its order.
         assert_eq!(decide(&[0.5, 0.2, 0.2], 0.6), None);
         // top_p within the margin of 0: sorted.
-        assert_eq!(decide(&[0.97, 0.02], 0.02), None);
+        assert_eq!(decide(&[0.97, 0.02], 0.01), None);
         // Not finite: sorted.
-        assert_eq!(threshold_from_top(&[1.0, 0.5], f32::NAN, 0.9), None);
+        assert_eq!(threshold_from_top(&[1.0, 0.5], f32::NAN, 0.9, margin(v)), None);
         // A nucleus that does not end within the candidates: sorted.
-        assert_eq!(threshold_from_top(&[0.0; CANDIDATES as usize], (v as f32).ln(), 0.9), None);
+        assert_eq!(threshold_from_top(&[0.0; CANDIDATES as usize], (v as f32).ln(), 0.9, margin(v)), None);
     }
 
     #[test]
     fn rows_of_a_batch_get_their_own_path() {
-        // One clear row and one that must be sorted, in one batch and in another shape.
-        let v = 64;
+        // One clear row and one that must be sorted (its edge 0.005 from top_p, within the
+        // margin of Qwen's vocabulary), in one batch and in another shape.
+        let v = 151_936;
         let mut rows = row_of(&[0.97, 0.02], v);
         rows.extend(row_of(&[0.905, 0.05], v));
         let rows = Tensor::from_slice(&rows).view([2, 1, v]);
