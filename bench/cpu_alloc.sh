@@ -15,17 +15,4 @@ REPS=${REPS:-2}
 PROMPTS=${PROMPTS:-16}
 NEW=${NEW:-128}
 table2_cpu_setup
-for rep in $(seq "$REPS"); do
-  table2_cpu_step "cached-$rep" "-u RREDCOT_CPU_CACHE_MB"
-  table2_cpu_step "libtorch-$rep" "RREDCOT_CPU_CACHE_MB=0"
-done
-$PY - "$TMP/rows" "$REPS" "$PROMPTS" "$NEW" <<'PYEOF'
-import json, sys
-sys.path.insert(0, "bench")
-import stage_runs
-rows, (reps, prompts, new) = stage_runs.read_rows(sys.argv[1]), sys.argv[2:5]
-out = stage_runs.header("bash bench/cpu_alloc.sh", reps, prompts, new)
-out["stages"] = stage_runs.compare(rows, [("cached", "cached-"), ("libtorch", "libtorch-")])
-json.dump(out, open("bench/results/cpu_alloc.json", "w"), indent=1)
-stage_runs.print_stages(out["stages"], "cached", "libtorch")
-PYEOF
+table2_cpu_compare cpu_alloc cached "-u RREDCOT_CPU_CACHE_MB" libtorch "RREDCOT_CPU_CACHE_MB=0"

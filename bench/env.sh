@@ -63,11 +63,13 @@ torch.manual_seed(0)
 transformers.Qwen2ForCausalLM(cfg).save_pretrained(sys.argv[1])
 PYEOF
 }
-# The CPU Table 2 step benchmarks (cpu_alloc.sh, head_pieces.sh): `table2_cpu_setup` builds the
-# release worker and writes the Qwen-vocabulary model to $TMP/model; `table2_cpu_step NAME ENV
-# [--set ...]` runs one step through bench/table2_step.sh with the worker under `env ENV` (e.g.
-# "-u VAR" or "VAR=VALUE") and appends "NAME STAGE RECORD" to $TMP/rows for each stage; then
-# bench/stage_runs.py sums the rows up.
+# The CPU Table 2 step benchmarks (cpu_alloc.sh, head_pieces.sh), with PROMPTS, NEW and REPS set:
+# `table2_cpu_setup` builds the release worker and writes the Qwen-vocabulary model to $TMP/model;
+# `table2_cpu_step NAME ENV [--set ...]` runs one step through bench/table2_step.sh with the worker
+# under `env ENV` (e.g. "-u VAR" or "VAR=VALUE") and appends "NAME STAGE RECORD" to $TMP/rows for
+# each stage; `table2_cpu_compare BENCH LABEL ENV BASE_LABEL BASE_ENV` runs REPS steps of each way,
+# alternating (named LABEL-i and BASE_LABEL-i), and has bench/stage_runs.py sum them up into
+# bench/results/BENCH.json.
 table2_cpu_setup() {
   cargo build --release -p rredcot-ml --bin rredcot-worker
   qwen_vocab_model "$TMP/model"
@@ -83,4 +85,12 @@ table2_cpu_step() {
   for stage in rollout segment score update; do
     echo "$name $stage $records/$stage.json" >>"$TMP/rows"
   done
+}
+table2_cpu_compare() {
+  local bench=$1 label=$2 env=$3 base_label=$4 base_env=$5 rep
+  for rep in $(seq "$REPS"); do
+    table2_cpu_step "$label-$rep" "$env"
+    table2_cpu_step "$base_label-$rep" "$base_env"
+  done
+  $PY bench/stage_runs.py "$TMP/rows" "$bench" "$REPS" "$PROMPTS" "$NEW" "$label" "$base_label"
 }

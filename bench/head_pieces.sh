@@ -18,27 +18,22 @@ REPS=${REPS:-2}
 PROMPTS=${PROMPTS:-16}
 NEW=${NEW:-128}
 table2_cpu_setup
-for rep in $(seq "$REPS"); do
-  table2_cpu_step "default-$rep" "-u RREDCOT_HEAD_LOGITS"
-  table2_cpu_step "previous-$rep" "RREDCOT_HEAD_LOGITS=$((1 << 28))"
-done
+table2_cpu_compare head_pieces default "-u RREDCOT_HEAD_LOGITS" previous "RREDCOT_HEAD_LOGITS=$((1 << 28))"
 table2_cpu_step kl-default "-u RREDCOT_HEAD_LOGITS" --set update.beta=0.04
 table2_cpu_step kl-at-once "RREDCOT_HEAD_LOGITS=$((1 << 40))" --set update.beta=0.04
-$PY - "$TMP/rows" "$REPS" "$PROMPTS" "$NEW" <<'PYEOF'
+$PY - "$TMP/rows" <<'PYEOF'
 import json, sys
 sys.path.insert(0, "bench")
 import stage_runs
-rows, (reps, prompts, new) = stage_runs.read_rows(sys.argv[1]), sys.argv[2:5]
-out = stage_runs.header("bash bench/head_pieces.sh", reps, prompts, new)
-out["stages"] = stage_runs.compare(rows, [("default", "default-"), ("previous", "previous-")])
+rows, path = stage_runs.read_rows(sys.argv[1]), "bench/results/head_pieces.json"
 kl = {}
 for label in ["default", "at-once"]:
     [u] = stage_runs.runs(rows, f"kl-{label}", "update")
     kl[label.replace("-", "_")] = {"seconds": round(u["wall_s"], 2), "peak_rss_mb": round(u["peak_rss_mb"], 1),
                                    "outputs": stage_runs.outputs(u)}
+out = json.load(open(path))
 out["update_with_kl_beta_0.04"] = kl
-json.dump(out, open("bench/results/head_pieces.json", "w"), indent=1)
-stage_runs.print_stages(out["stages"], "default", "previous")
+json.dump(out, open(path, "w"), indent=1)
 print(f"update with a KL term: head at once {kl['at_once']['seconds']} s, {kl['at_once']['peak_rss_mb']:.0f} MB -> "
       f"in pieces {kl['default']['seconds']} s, {kl['default']['peak_rss_mb']:.0f} MB")
 PYEOF

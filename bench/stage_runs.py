@@ -1,10 +1,14 @@
 """Sums up the CPU Table 2 step benchmarks' runs (bench/env.sh's table2_cpu_step rows: NAME STAGE
 RECORD, the record a stage instance's run.json): per stage and way, the seconds and peak RSS of
 every run, its output hashes, and the two ways' medians, speed-up and whether every run of both
-wrote the same outputs."""
+wrote the same outputs.
+
+usage (bench/env.sh's table2_cpu_compare): stage_runs.py ROWS BENCH REPS PROMPTS NEW LABEL BASE_LABEL
+writes bench/results/BENCH.json from the runs named LABEL-i and BASE_LABEL-i."""
 import json
 import os
 import statistics
+import sys
 
 STAGES = ["rollout", "segment", "score", "update"]
 
@@ -59,3 +63,11 @@ def print_stages(stages, label, base_label):
     for s, v in stages.items():
         print(f"{s}: {v[f'{base_label}_seconds_median']:.2f} s -> {v[f'{label}_seconds_median']:.2f} s ({v['speedup']:.2f}x), "
               f"peak RSS {v[f'{base_label}_peak_rss_mb']:.0f} -> {v[f'{label}_peak_rss_mb']:.0f} MB, same outputs: {v['same_outputs']}")
+
+
+if __name__ == "__main__":
+    rows_path, bench, reps, prompts, new, label, base_label = sys.argv[1:8]
+    out = header(f"bash bench/{bench}.sh", reps, prompts, new)
+    out["stages"] = compare(read_rows(rows_path), [(label, f"{label}-"), (base_label, f"{base_label}-")])
+    json.dump(out, open(f"bench/results/{bench}.json", "w"), indent=1)
+    print_stages(out["stages"], label, base_label)
