@@ -104,7 +104,8 @@ pub type ServeFn = fn(&ServeArgs) -> Result<()>;
 struct PlanArgs {
     /// Pipeline file (TOML).
     pipeline: PathBuf,
-    /// Override a param: `stage.param=value` (stage, chain.stage or chain.stage[i]); `chain.repeat=N`.
+    /// Override a param: `stage.param=value` or `stage.params.param=value` (stage, chain.stage or
+    /// chain.stage[i]); `chain.repeat=N`; `stage.inputs.NAME=REF`; `stage.uses=KIND`.
     #[arg(long = "set", value_name = "STAGE.PARAM=VALUE")]
     sets: Vec<String>,
 }
@@ -641,7 +642,7 @@ fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<Strin
         .nodes
         .iter()
         .position(|n| n.name == stage)
-        .with_context(|| format!("no stage `{stage}` in {}", p.file.display()))?;
+        .with_context(|| format!("no stage `{stage}` in {} (its stages: {})", p.file.display(), p.stage_names()))?;
     let store = Store::existing(root)?;
     let Some(rec) = committed(p, &store)?[i].clone() else {
         bail!(
@@ -727,7 +728,7 @@ fn dag_dot(p: &Plan) -> String {
 fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
     let idx = p.matching(stage);
     if idx.is_empty() {
-        bail!("no stage or instance `{stage}` in {}", p.file.display());
+        bail!("no stage or instance `{stage}` in {} (its stages: {})", p.file.display(), p.stage_names());
     }
     // Read-only: on a store that does not exist yet, everything reads as not cached.
     let store = Store::existing(root).unwrap_or_else(|_| Store::unopened(root));

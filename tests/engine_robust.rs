@@ -1080,3 +1080,25 @@ fn a_relative_store_works_for_external_commands_run_in_their_stage_directory() {
         assert_eq!(hits.len(), 1, "{store:?}");
     }
 }
+
+#[test]
+fn set_takes_params_as_the_file_writes_them_and_an_unknown_stage_is_told_the_stages() {
+    let p = Project::new();
+    let pl = p.pipeline("d", common::DEMO);
+    let s0 = p.run_ok(&pl, &[]);
+    assert!(names(&s0, "ran").contains(&"double".to_string()), "{s0}");
+    // `STAGE.params.NAME`, as the file writes `params = { … }`, is `STAGE.NAME`: the same keys.
+    let s1 = p.run_ok(&pl, &["--set", "double.params.factor=5", "--set", "train.step.params.decay=0.2"]);
+    let ran = names(&s1, "ran");
+    assert!(ran.contains(&"double".to_string()) && ran.contains(&"train.step[0]".to_string()), "{s1}");
+    let s2 = p.run_ok(&pl, &["--set", "double.factor=5", "--set", "train.step.decay=0.2"]);
+    assert!(names(&s2, "ran").is_empty(), "{s2}");
+
+    let stages = "its stages: numbers, double, triple, sum_double, sum_triple, final, train.step";
+    for args in [["--set", "dubble.factor=5"], ["--set", "dubble.uses=demo_sum"], ["--until", "dubble"], ["--force", "dubble"]] {
+        let err = fails(&p, &pl, &args);
+        assert!(err.contains("`dubble`") && err.contains(stages), "{args:?}: {err}");
+    }
+    let err = fails(&p, &pl, &["--set", "double.params.bogus=1"]);
+    assert!(err.contains("has no param `bogus`"), "{err}");
+}

@@ -45,8 +45,8 @@ pub enum EngineError {
     #[error("--set {arg}: {message}")]
     SetArg { arg: String, message: String },
 
-    #[error("no stage or instance `{0}` in the pipeline")]
-    NoSuchStage(String),
+    #[error("no stage or instance `{name}` in the pipeline (its stages: {known})")]
+    NoSuchStage { name: String, known: String },
 
     #[error("store {path}: {message}")]
     Store { path: PathBuf, message: String },

@@ -118,6 +118,16 @@ pub struct Plan {
 /// `SetArg::param` of an input override (`--set stage.inputs.NAME=REF`).
 const INPUT_SET_PREFIX: &str = "inputs.";
 
+/// What may stand between a `--set` target and its param: `stage.params.NAME` = `stage.NAME`.
+const PARAMS_SET_INFIX: &str = ".params.";
+
+/// The distinct names in `names`, in order, as one line: what an unknown stage name is told
+/// to choose from.
+pub fn name_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let mut seen = std::collections::HashSet::new();
+    names.into_iter().filter(|n| seen.insert(*n)).collect::<Vec<_>>().join(", ")
+}
+
 /// A parsed `--set target.param=value` (or `target.inputs.NAME=REF`).
 #[derive(Debug, Clone)]
 pub struct SetArg {
@@ -161,10 +171,15 @@ impl SetArg {
                 text,
             });
         }
-        let (target, param) = lhs
-            .trim()
-            .rsplit_once('.')
-            .ok_or_else(|| bad("expected stage.param=value"))?;
+        // `stage.params.NAME=VALUE` is `stage.NAME=VALUE`, as the pipeline file writes a stage's
+        // `params = { NAME = … }` beside its `inputs`.
+        let (target, param) = match lhs.trim().split_once(PARAMS_SET_INFIX) {
+            Some((target, param)) if !param.contains('.') => (target, param),
+            _ => lhs
+                .trim()
+                .rsplit_once('.')
+                .ok_or_else(|| bad("expected stage.param=value"))?,
+        };
         if target.is_empty() || param.is_empty() {
             return Err(bad("expected stage.param=value"));
         }
@@ -494,7 +509,14 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
         if hit == 0 {
             return Err(EngineError::SetArg {
                 arg: s.raw.clone(),
-                message: format!("no stage `{}` in {}", s.target, file.display()),
+                message: format!(
+                    "no stage `{}` in {} (its stages: {})",
+                    s.target,
+                    file.display(),
+                    name_list(pf.stage.iter().map(|su| su.name.clone()).chain(chains.iter().flat_map(|c| {
+                        c.stage.iter().map(move |su| format!("{}.{}", c.name, su.name))
+                    })).collect::<Vec<_>>().iter().map(String::as_str))
+                ),
             });
         }
     }
@@ -826,7 +848,12 @@ fn apply_sets(
         if matched == 0 {
             return Err(EngineError::SetArg {
                 arg: s.raw.clone(),
-                message: format!("no stage `{}` in {}", s.target, file.display()),
+                message: format!(
+                    "no stage `{}` in {} (its stages: {})",
+                    s.target,
+                    file.display(),
+                    name_list(pending.iter().map(|p| p.node.base.as_str()))
+                ),
             });
         }
     }
@@ -968,6 +995,11 @@ impl Plan {
             .filter(|(_, n)| n.name == target || n.base == target || n.stage == target)
             .map(|(i, _)| i)
             .collect()
+    }
+
+    /// The stages (`stage` or `chain.stage`) in the plan's order, as one line.
+    pub fn stage_names(&self) -> String {
+        name_list(self.nodes.iter().map(|n| n.base.as_str()))
     }
 
     /// `targets` plus all their ancestors.

@@ -151,7 +151,7 @@ impl Selection {
         let matching = |pattern: &String| {
             let m = plan.matching(pattern);
             if m.is_empty() {
-                Err(EngineError::NoSuchStage(pattern.clone()))
+                Err(EngineError::NoSuchStage { name: pattern.clone(), known: plan.stage_names() })
             } else {
                 Ok(m)
             }
