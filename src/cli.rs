@@ -11,7 +11,7 @@ use crate::artifact::Schema;
 use crate::engine::exec::{exec_instance, ExecOutcome};
 use crate::engine::group as signals;
 use crate::engine::local::LocalExecutor;
-use crate::engine::plan::{InputRef, ParamSource};
+use crate::engine::plan::{no_stage, InputRef, ParamSource};
 use crate::engine::cache::why_not_cached;
 use crate::engine::file_hashes::FileHashes;
 use crate::engine::resolve::Resolver;
@@ -642,7 +642,7 @@ fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<Strin
         .nodes
         .iter()
         .position(|n| n.name == stage)
-        .with_context(|| format!("no stage `{stage}` in {} (its stages: {})", p.file.display(), p.stage_names()))?;
+        .with_context(|| no_stage(stage, &p.file, &p.stage_names()))?;
     let store = Store::existing(root)?;
     let Some(rec) = committed(p, &store)?[i].clone() else {
         bail!(

@@ -123,9 +123,19 @@ const PARAMS_SET_INFIX: &str = ".params.";
 
 /// The distinct names in `names`, in order, as one line: what an unknown stage name is told
 /// to choose from.
-pub fn name_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+pub fn name_list<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
     let mut seen = std::collections::HashSet::new();
-    names.into_iter().filter(|n| seen.insert(*n)).collect::<Vec<_>>().join(", ")
+    names
+        .into_iter()
+        .map(|n| n.as_ref().to_string())
+        .filter(|n| seen.insert(n.clone()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The message for `name`, which names no stage of pipeline `file` (`stages`: [`name_list`]).
+pub fn no_stage(name: &str, file: &Path, stages: &str) -> String {
+    format!("no stage `{name}` in {} (its stages: {stages})", file.display())
 }
 
 /// A parsed `--set target.param=value` (or `target.inputs.NAME=REF`).
@@ -173,12 +183,10 @@ impl SetArg {
         }
         // `stage.params.NAME=VALUE` is `stage.NAME=VALUE`, as the pipeline file writes a stage's
         // `params = { NAME = … }` beside its `inputs`.
-        let (target, param) = match lhs.trim().split_once(PARAMS_SET_INFIX) {
+        let lhs = lhs.trim();
+        let (target, param) = match lhs.split_once(PARAMS_SET_INFIX) {
             Some((target, param)) if !param.contains('.') => (target, param),
-            _ => lhs
-                .trim()
-                .rsplit_once('.')
-                .ok_or_else(|| bad("expected stage.param=value"))?,
+            _ => lhs.rsplit_once('.').ok_or_else(|| bad("expected stage.param=value"))?,
         };
         if target.is_empty() || param.is_empty() {
             return Err(bad("expected stage.param=value"));
@@ -509,13 +517,12 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
         if hit == 0 {
             return Err(EngineError::SetArg {
                 arg: s.raw.clone(),
-                message: format!(
-                    "no stage `{}` in {} (its stages: {})",
-                    s.target,
-                    file.display(),
-                    name_list(pf.stage.iter().map(|su| su.name.clone()).chain(chains.iter().flat_map(|c| {
-                        c.stage.iter().map(move |su| format!("{}.{}", c.name, su.name))
-                    })).collect::<Vec<_>>().iter().map(String::as_str))
+                message: no_stage(
+                    &s.target,
+                    file,
+                    &name_list(pf.stage.iter().map(|su| su.name.clone()).chain(
+                        chains.iter().flat_map(|c| c.stage.iter().map(move |su| format!("{}.{}", c.name, su.name))),
+                    )),
                 ),
             });
         }
@@ -848,12 +855,7 @@ fn apply_sets(
         if matched == 0 {
             return Err(EngineError::SetArg {
                 arg: s.raw.clone(),
-                message: format!(
-                    "no stage `{}` in {} (its stages: {})",
-                    s.target,
-                    file.display(),
-                    name_list(pending.iter().map(|p| p.node.base.as_str()))
-                ),
+                message: no_stage(&s.target, file, &name_list(pending.iter().map(|p| p.node.base.as_str()))),
             });
         }
     }
