@@ -21,18 +21,22 @@
 //! reply can differ in the last bits between a batched and a lone request; the judge's response
 //! cache is what makes reruns reproducible.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use rredcot::cli::ServeArgs;
 use serde_json::{json, Value};
-use tiny_http::{Header, Method, Request, Response, Server};
+use hyper::Method;
+
+mod front;
+
+use front::{Front, Incoming};
 
 use crate::model::{self, ChatMessage, DecoderLm, LoadOptions, SamplingParams, Tokenizer};
 
 /// Largest request body read (bytes).
-const MAX_BODY: u64 = 16 << 20;
+const MAX_BODY: usize = 16 << 20;
 /// How long the server waits for more requests to batch with the first one.
 const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
 /// Largest `n` per request.
@@ -263,7 +267,7 @@ enum Reply {
 
 /// A request ready to generate.
 struct Job {
-    request: Request,
+    request: Incoming,
     reply: Reply,
     prompt: Vec<i64>,
     sampling: SamplingParams,
@@ -289,44 +293,39 @@ fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn respond(req: Request, status: u16, body: &Value) {
-    let header = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("static header");
-    let resp = Response::from_string(body.to_string()).with_status_code(status).with_header(header);
-    // The client may be gone (timed out): nothing to do about it.
-    let _ = req.respond(resp);
-}
-
 impl State {
     /// Answers what needs no generation; returns the chat jobs.
-    fn route(&mut self, mut req: Request) -> Option<Job> {
-        let path = req.url().split('?').next().unwrap_or("").trim_end_matches('/').to_string();
-        let method = req.method().clone();
+    fn route(&mut self, mut req: Incoming) -> Option<Job> {
+        let path = req.path.trim_end_matches('/').to_string();
+        let method = req.method.clone();
         match (method, path.as_str()) {
-            (Method::Get, "/v1/models") => {
+            (Method::GET, "/v1/models") => {
                 let body = json!({ "object": "list", "data": [
                     { "id": self.name, "object": "model", "created": self.created, "owned_by": "rredcot" }
                 ]});
-                respond(req, 200, &body);
+                req.respond(200, &body);
             }
-            (Method::Get, "/health") => respond(req, 200, &json!({ "status": "ok" })),
-            (Method::Get, "/version") => respond(req, 200, &json!({ "version": env!("CARGO_PKG_VERSION"), "engine": "rredcot" })),
-            (Method::Post, "/v1/chat/completions" | "/v1/completions") => {
-                let started = Instant::now();
-                let mut body = Vec::new();
-                if let Err(e) = req.as_reader().take(MAX_BODY).read_to_end(&mut body) {
-                    respond(req, 400, &error_body(&bad(format!("reading the request body: {e}"))));
-                    return None;
-                }
+            (Method::GET, "/health") => req.respond(200, &json!({ "status": "ok" })),
+            (Method::GET, "/version") => req.respond(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "engine": "rredcot" })),
+            (Method::POST, "/v1/chat/completions" | "/v1/completions") => {
+                let started = req.received;
+                let body = match std::mem::replace(&mut req.body, Ok(Vec::new())) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        req.respond(400, &error_body(&bad(format!("reading the request body: {e}"))));
+                        return None;
+                    }
+                };
                 let prepared = if path == "/v1/completions" { self.prepare_completion(&body) } else { self.prepare(&body) };
                 match prepared {
                     Ok((reply, prompt, sampling, n, seed)) => return Some(Job { request: req, reply, prompt, sampling, n, seed, started }),
-                    Err(e) => respond(req, e.status, &error_body(&e)),
+                    Err(e) => req.respond(e.status, &error_body(&e)),
                 }
             }
             (_, "/v1/models" | "/health" | "/version" | "/v1/chat/completions" | "/v1/completions") => {
-                respond(req, 405, &error_body(&ApiError { status: 405, message: format!("method not allowed on {path}") }))
+                req.respond(405, &error_body(&ApiError { status: 405, message: format!("method not allowed on {path}") }))
             }
-            _ => respond(req, 404, &error_body(&ApiError { status: 404, message: format!("no route {path}") })),
+            _ => req.respond(404, &error_body(&ApiError { status: 404, message: format!("no route {path}") })),
         }
         None
     }
@@ -395,7 +394,7 @@ impl State {
             Err(msg) => {
                 tracing::error!("{msg}");
                 for job in jobs {
-                    respond(job.request, 500, &error_body(&ApiError { status: 500, message: msg.clone() }));
+                    job.request.respond(500, &error_body(&ApiError { status: 500, message: msg.clone() }));
                 }
             }
             Ok(gens) => {
@@ -406,7 +405,7 @@ impl State {
                         Ok(c) => c,
                         Err(msg) => {
                             tracing::error!("{msg}");
-                            respond(job.request, 500, &error_body(&ApiError { status: 500, message: msg }));
+                            job.request.respond(500, &error_body(&ApiError { status: 500, message: msg }));
                             continue;
                         }
                     };
@@ -427,7 +426,7 @@ impl State {
                         },
                     });
                     tracing::info!("{object}: n={} {completion} tokens in {:.2}s", job.n, job.started.elapsed().as_secs_f64());
-                    respond(job.request, 200, &body);
+                    job.request.respond(200, &body);
                 }
             }
         }
@@ -483,7 +482,7 @@ impl State {
     }
 
     /// Handles the requests taken together: generation batched by equal sampling params.
-    fn handle(&mut self, requests: Vec<Request>) {
+    fn handle(&mut self, requests: Vec<Incoming>) {
         let mut jobs: Vec<Job> = requests.into_iter().filter_map(|r| self.route(r)).collect();
         while !jobs.is_empty() {
             let sampling = jobs[0].sampling.clone();
@@ -507,8 +506,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         let p = args.model.canonicalize().unwrap_or_else(|_| args.model.clone());
         p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into())
     });
-    let server = Server::http((args.host.as_str(), args.port)).map_err(|e| anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
-    let addr = server.server_addr().to_ip().context("the server is not on an IP address")?;
+    let server = Front::bind(&args.host, args.port, MAX_BODY)?;
+    let addr = server.addr();
     let mut state = State {
         model: loaded.model,
         tok,
@@ -524,12 +523,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         out.flush()?;
     }
     loop {
-        let first = server.recv().context("accepting a request")?;
+        let first = server.recv()?;
         let mut batch = vec![first];
         // Requests sent together arrive over a few milliseconds: wait that long for the rest of
         // a batch rather than starting a batch of one.
         while batch.len() < state.max_batch {
-            match server.recv_timeout(GATHER).context("accepting a request")? {
+            match server.recv_timeout(GATHER)? {
                 Some(r) => batch.push(r),
                 None => break,
             }

@@ -186,11 +186,10 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     let votes = (rows.len() * 2 * 2) as i64;
     let rec = record(&store, &s, "judge");
     let c = |rec: &Value, k: &str| rec["counters"][k].as_i64().unwrap_or(-1);
-    // Every vote gets exactly one reply. Known defect: now and then one request never reaches the
-    // server's `recv` (seen 2 in ~6 runs); the client's timeout + retry covers it, so each retry
-    // is one more call.
-    assert_eq!((c(&rec, "votes"), c(&rec, "http_calls") - c(&rec, "retries"), c(&rec, "cache_hits")), (votes, votes, 0), "{rec}");
-    assert!(c(&rec, "retries") <= 2, "{rec}");
+    // Every vote gets exactly one call and its reply, none retried: the judge's pooled, kept-alive
+    // connections all reach the server (over tiny_http one request in about 3 runs never did, and
+    // only the client's timeout and retry recovered it).
+    assert_eq!((c(&rec, "votes"), c(&rec, "http_calls"), c(&rec, "retries"), c(&rec, "cache_hits")), (votes, votes, 0, 0), "{rec}");
     assert!(c(&rec, "completion_tokens") > 0);
     assert!(rec["metrics"]["agreement_with_verifier"].is_number(), "{rec}");
     let judged: Vec<EvalRow> = read_rows(&instance(&store, &s, "judge").join("outputs/eval.parquet"), Schema::Eval).unwrap();
