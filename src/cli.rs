@@ -89,7 +89,8 @@ pub struct ServeArgs {
     /// Default and upper bound of a request's `max_tokens`.
     #[arg(long, default_value_t = 512)]
     pub max_new_tokens: usize,
-    /// Most sequences generated together (concurrent requests with equal sampling params are batched).
+    /// Most sequences decoded at once: concurrent requests with equal sampling params share these
+    /// slots, a finished sequence's slot taking the next waiting one (continuous batching).
     #[arg(long, default_value_t = 16)]
     pub max_batch: usize,
     /// libtorch CPU threads (0 = its default).

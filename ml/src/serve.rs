@@ -13,14 +13,17 @@
 //! top-k and top-p, as the built-in rollout records them); its `top_logprobs` come from one
 //! prefill of the finished completion under that same distribution (only when `logprobs` > 0).
 //!
-//! One model, one generating thread: requests that arrive while a batch generates wait in the
-//! listener's queue and are taken together next time; those with equal sampling params are
-//! generated as one batch (up to `--max-batch` sequences). Choice i of a request samples with seed
-//! `seed + i` (vLLM's convention; a random seed when the request has none), so a request with
-//! `n = 1` and a row's seed samples exactly that row of the built-in rollout. Rows are left-padded in a batch, so a
-//! reply can differ in the last bits between a batched and a lone request; the judge's response
-//! cache is what makes reruns reproducible.
+//! One model, one generating thread: requests that arrive while others generate wait in the
+//! front's queue and are taken together next time; those with equal sampling params are generated
+//! together in `--max-batch` slots, a finished row's slot taking the next waiting row (continuous
+//! batching, as the built-in rollout). Choice i of a request samples with seed `seed + i` (vLLM's
+//! convention; a random seed when the request has none), so a request with `n = 1` and a row's
+//! seed samples exactly that row of the built-in rollout. Rows share the decode step's products
+//! with their neighbours, so a reply can differ in the last bits between a lone request and one
+//! taken with others; the judge's response cache is what makes reruns reproducible.
 
+use std::cell::Cell;
+use std::collections::VecDeque;
 use std::io::Write;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -30,6 +33,7 @@ use serde_json::{json, Value};
 use hyper::Method;
 
 mod front;
+mod session;
 
 use front::{Front, Incoming};
 
@@ -286,7 +290,8 @@ struct State {
     created: u64,
     max_new_tokens: usize,
     max_batch: usize,
-    served: u64,
+    /// Requests admitted so far (mixed into the seeds of requests without one).
+    served: Cell<u64>,
 }
 
 fn now_s() -> u64 {
@@ -295,7 +300,7 @@ fn now_s() -> u64 {
 
 impl State {
     /// Answers what needs no generation; returns the chat jobs.
-    fn route(&mut self, mut req: Incoming) -> Option<Job> {
+    fn route(&self, mut req: Incoming) -> Option<Job> {
         let path = req.path.trim_end_matches('/').to_string();
         let method = req.method.clone();
         match (method, path.as_str()) {
@@ -332,14 +337,14 @@ impl State {
 
     /// Reply kind, prompt ids, sampling params (`max_tokens` clamped to the context), n and seed
     /// of a chat body.
-    fn prepare(&mut self, body: &[u8]) -> Result<Prepared, ApiError> {
+    fn prepare(&self, body: &[u8]) -> Result<Prepared, ApiError> {
         let chat = parse_chat(body, self.max_new_tokens)?;
         let prompt = self.tok.encode_chat(&chat.messages, true).map_err(|e| bad(format!("tokenizing the messages: {e}")))?;
         self.admit(Reply::Chat, prompt, chat.sampling, chat.n, chat.seed)
     }
 
     /// [`State::prepare`] for a `/v1/completions` body.
-    fn prepare_completion(&mut self, body: &[u8]) -> Result<Prepared, ApiError> {
+    fn prepare_completion(&self, body: &[u8]) -> Result<Prepared, ApiError> {
         let c = parse_completion(body, self.max_new_tokens)?;
         let prompt = match c.prompt {
             PromptInput::Text(t) => self.tok.encode(&t).map_err(|e| bad(format!("tokenizing the prompt: {e}")))?,
@@ -353,83 +358,46 @@ impl State {
     }
 
     /// Checks the prompt against the context, clamps `max_tokens` to it and draws a seed.
-    fn admit(&mut self, reply: Reply, prompt: Vec<i64>, mut sampling: SamplingParams, n: usize, seed: Option<u64>) -> Result<Prepared, ApiError> {
+    fn admit(&self, reply: Reply, prompt: Vec<i64>, mut sampling: SamplingParams, n: usize, seed: Option<u64>) -> Result<Prepared, ApiError> {
         let context = self.model.cfg.max_position_embeddings as usize;
         if prompt.len() >= context {
             return Err(bad(format!("the prompt is {} tokens; the model's context is {context}", prompt.len())));
         }
         sampling.max_new_tokens = sampling.max_new_tokens.min(context - prompt.len());
-        self.served += 1;
+        self.served.set(self.served.get() + 1);
         let seed = seed.unwrap_or_else(|| {
             let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-            t ^ self.served.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            t ^ self.served.get().wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
         Ok((reply, prompt, sampling, n, seed))
     }
 
-    /// Generates every row of jobs that share sampling params, in batches of `max_batch` rows.
-    fn generate(&self, jobs: &[Job]) -> Result<Vec<Vec<model::Generation>>, String> {
-        let rows: Vec<(usize, Vec<i64>, u64)> =
-            jobs.iter().enumerate().flat_map(|(j, job)| (0..job.n).map(move |i| (j, job.prompt.clone(), job.seed.wrapping_add(i as u64)))).collect();
-        let sampling = &jobs[0].sampling;
-        let mut out: Vec<Vec<model::Generation>> = jobs.iter().map(|j| Vec::with_capacity(j.n)).collect();
-        for chunk in rows.chunks(self.max_batch.max(1)) {
-            let prompts: Vec<Vec<i64>> = chunk.iter().map(|r| r.1.clone()).collect();
-            let seeds: Vec<u64> = chunk.iter().map(|r| r.2).collect();
-            // libtorch reports some failures by panicking: a request must not take the server down.
-            let gens = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                tch::no_grad(|| model::generate(&self.model, Some(&self.tok), &prompts, &seeds, sampling))
-            }))
-            .map_err(|p| format!("generation panicked: {}", p.downcast_ref::<String>().cloned().unwrap_or_default()))?
-            .map_err(|e| format!("generation failed: {e}"))?;
-            for (r, g) in chunk.iter().zip(gens) {
-                out[r.0].push(g);
-            }
-        }
-        Ok(out)
-    }
-
-    fn complete(&self, jobs: Vec<Job>) {
-        match self.generate(&jobs) {
-            Err(msg) => {
-                tracing::error!("{msg}");
-                for job in jobs {
-                    job.request.respond(500, &error_body(&ApiError { status: 500, message: msg.clone() }));
-                }
-            }
-            Ok(gens) => {
-                for (job, gens) in jobs.into_iter().zip(gens) {
-                    let completion: usize = gens.iter().map(|g| g.tokens.len()).sum();
-                    let choices: Result<Vec<Value>, String> = gens.iter().enumerate().map(|(i, g)| self.choice(&job, i, g)).collect();
-                    let choices = match choices {
-                        Ok(c) => c,
-                        Err(msg) => {
-                            tracing::error!("{msg}");
-                            job.request.respond(500, &error_body(&ApiError { status: 500, message: msg }));
-                            continue;
-                        }
-                    };
-                    let (id, object) = match job.reply {
-                        Reply::Chat => (format!("chatcmpl-{:x}-{:x}", self.created, job.seed), "chat.completion"),
-                        Reply::Completion(_) => (format!("cmpl-{:x}-{:x}", self.created, job.seed), "text_completion"),
-                    };
-                    let body = json!({
-                        "id": id,
-                        "object": object,
-                        "created": now_s(),
-                        "model": self.name,
-                        "choices": choices,
-                        "usage": {
-                            "prompt_tokens": job.prompt.len(),
-                            "completion_tokens": completion,
-                            "total_tokens": job.prompt.len() + completion,
-                        },
-                    });
-                    tracing::info!("{object}: n={} {completion} tokens in {:.2}s", job.n, job.started.elapsed().as_secs_f64());
-                    job.request.respond(200, &body);
-                }
-            }
-        }
+    /// Answers a job whose rows are all generated (choice i from `gens[i]`).
+    fn answer(&self, job: Job, gens: Vec<model::Generation>) {
+        let completion: usize = gens.iter().map(|g| g.tokens.len()).sum();
+        let choices: Result<Vec<Value>, String> = gens.iter().enumerate().map(|(i, g)| self.choice(&job, i, g)).collect();
+        let choices = match choices {
+            Ok(c) => c,
+            Err(msg) => return fail(job, &msg),
+        };
+        let (id, object) = match job.reply {
+            Reply::Chat => (format!("chatcmpl-{:x}-{:x}", self.created, job.seed), "chat.completion"),
+            Reply::Completion(_) => (format!("cmpl-{:x}-{:x}", self.created, job.seed), "text_completion"),
+        };
+        let body = json!({
+            "id": id,
+            "object": object,
+            "created": now_s(),
+            "model": self.name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": job.prompt.len(),
+                "completion_tokens": completion,
+                "total_tokens": job.prompt.len() + completion,
+            },
+        });
+        tracing::info!("{object}: n={} {completion} tokens in {:.2}s", job.n, job.started.elapsed().as_secs_f64());
+        job.request.respond(200, &body);
     }
 
     /// Choice `i` of a job's reply.
@@ -480,17 +448,12 @@ impl State {
         }
         Ok(choice)
     }
+}
 
-    /// Handles the requests taken together: generation batched by equal sampling params.
-    fn handle(&mut self, requests: Vec<Incoming>) {
-        let mut jobs: Vec<Job> = requests.into_iter().filter_map(|r| self.route(r)).collect();
-        while !jobs.is_empty() {
-            let sampling = jobs[0].sampling.clone();
-            let (group, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.sampling == sampling);
-            jobs = rest;
-            self.complete(group);
-        }
-    }
+/// Answers a job with HTTP 500 (generation failed).
+fn fail(job: Job, msg: &str) {
+    tracing::error!("{msg}");
+    job.request.respond(500, &error_body(&ApiError { status: 500, message: msg.to_string() }));
 }
 
 /// Runs the server until the process is stopped.
@@ -508,32 +471,39 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     });
     let server = Front::bind(&args.host, args.port, MAX_BODY)?;
     let addr = server.addr();
-    let mut state = State {
+    let state = State {
         model: loaded.model,
         tok,
         name,
         created: now_s(),
         max_new_tokens: args.max_new_tokens,
         max_batch: args.max_batch,
-        served: 0,
+        served: Cell::new(0),
     };
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "rredcot serve: model `{}` listening on http://{addr}/v1", state.name)?;
         out.flush()?;
     }
+    // Requests waiting to generate, in arrival order.
+    let mut queue: VecDeque<Job> = VecDeque::new();
     loop {
-        let first = server.recv()?;
-        let mut batch = vec![first];
-        // Requests sent together arrive over a few milliseconds: wait that long for the rest of
-        // a batch rather than starting a batch of one.
-        while batch.len() < state.max_batch {
-            match server.recv_timeout(GATHER)? {
-                Some(r) => batch.push(r),
-                None => break,
+        if queue.is_empty() {
+            let first = server.recv()?;
+            queue.extend(state.route(first));
+            // Requests sent together arrive over a few milliseconds: wait that long for the rest
+            // (up to a batch of them) rather than start decoding one row alone. Later ones join
+            // the decode as slots free up.
+            while queue.len() < state.max_batch {
+                match server.recv_timeout(GATHER)? {
+                    Some(r) => queue.extend(state.route(r)),
+                    None => break,
+                }
             }
         }
-        state.handle(batch);
+        if !queue.is_empty() {
+            session::run(&state, &server, &mut queue);
+        }
     }
 }
 

@@ -94,6 +94,13 @@ pub struct Generation {
     pub text: Option<String>,
 }
 
+impl Generation {
+    /// A row before its first token (or one with no budget): nothing sampled, ended by length.
+    fn unsampled() -> Self {
+        Generation { tokens: vec![], logprobs: vec![], entropies: vec![], finish_reason: FinishReason::Length, text: None }
+    }
+}
+
 /// Log-probabilities `[.., V]` (float32) of the sampling distribution over `logits: [.., V]` (any
 /// float dtype): softmax of logits / T after top-k and top-p filtering (filtered tokens get
 /// -inf); for greedy decoding (`temperature == 0`) those of the unmodified distribution. The
@@ -335,13 +342,7 @@ fn check_rows(
         return Ok(Some(
             prompts
                 .iter()
-                .map(|_| Generation {
-                    tokens: vec![],
-                    logprobs: vec![],
-                    entropies: vec![],
-                    finish_reason: FinishReason::Length,
-                    text: tokenizer.map(|_| String::new()),
-                })
+                .map(|_| Generation { text: tokenizer.map(|_| String::new()), ..Generation::unsampled() })
                 .collect(),
         ));
     }
@@ -394,25 +395,20 @@ impl<'a> Completions<'a> {
             .map(|s| s.chars().count())
             .max()
             .unwrap_or(0);
-        let out = (0..rows)
-            .map(|_| Generation {
-                tokens: vec![],
-                logprobs: vec![],
-                entropies: vec![],
-                finish_reason: FinishReason::Length,
-                text: None,
-            })
-            .collect();
-        Completions {
+        let mut c = Completions {
             tokenizer,
             p,
             stop_ids,
             max_stop_chars,
-            limits: vec![p.max_new_tokens; rows],
-            out,
+            limits: Vec::with_capacity(rows),
+            out: Vec::with_capacity(rows),
             progress: Progress { rows_done: 0, tokens: 0 },
             on_progress: None,
+        };
+        for _ in 0..rows {
+            c.add_row(p.max_new_tokens);
         }
+        c
     }
 
     fn observed(mut self, on_progress: Option<OnProgress<'a>>) -> Self {
@@ -471,22 +467,42 @@ impl<'a> Completions<'a> {
 
     /// The completions, with their text decoded and cut before a matched stop string.
     fn finish(mut self) -> Result<Vec<Generation>> {
-        if let Some(tk) = self.tokenizer {
-            for g in &mut self.out {
-                let mut text = tk.decode(&g.tokens, true)?;
-                if let Some(cut) = self
-                    .p
-                    .stop_strings
-                    .iter()
-                    .filter_map(|s| text.find(s.as_str()))
-                    .min()
-                {
-                    text.truncate(cut);
-                }
-                g.text = Some(text);
-            }
+        for row in 0..self.out.len() {
+            self.decode_text(row)?;
         }
         Ok(self.out)
+    }
+
+    /// Row `row`'s text (with a tokenizer): decoded, cut before a matched stop string.
+    fn decode_text(&mut self, row: usize) -> Result<()> {
+        if let Some(tk) = self.tokenizer {
+            let g = &mut self.out[row];
+            let mut text = tk.decode(&g.tokens, true)?;
+            if let Some(cut) = self
+                .p
+                .stop_strings
+                .iter()
+                .filter_map(|s| text.find(s.as_str()))
+                .min()
+            {
+                text.truncate(cut);
+            }
+            g.text = Some(text);
+        }
+        Ok(())
+    }
+
+    /// A new row with token budget `limit`; its index.
+    fn add_row(&mut self, limit: usize) -> usize {
+        self.out.push(Generation::unsampled());
+        self.limits.push(limit);
+        self.out.len() - 1
+    }
+
+    /// Finished row `row`'s completion, with its text; the row keeps an empty one.
+    fn take(&mut self, row: usize) -> Result<Generation> {
+        self.decode_text(row)?;
+        Ok(std::mem::replace(&mut self.out[row], Generation::unsampled()))
     }
 }
 
@@ -906,6 +922,63 @@ impl Slots for FixedSlots<'_> {
     }
 }
 
+/// Where continuous batching takes its rows from, between read-backs, and gives them back as
+/// they finish: a fixed list ([`generate_continuous`]) or requests still arriving (`rredcot
+/// serve`, which answers each request as soon as its rows are done).
+pub trait RowFeed {
+    /// The next row to decode if one is waiting now. Its prompt and budget together must fit the
+    /// session's `fits` tokens ([`generate_fed`]); a row with budget 0 finishes at once.
+    fn next_row(&mut self) -> Option<FedRow>;
+    /// Row `id` finished (rows are numbered from 0 in the order [`Self::next_row`] gave them).
+    fn finished(&mut self, id: usize, g: Generation);
+}
+
+/// A row for [`RowFeed::next_row`]: prompt ids, the row's seed and its token budget.
+pub struct FedRow {
+    pub prompt: Vec<i64>,
+    pub seed: u64,
+    pub limit: usize,
+}
+
+/// Continuous batching over rows that `feed` gives while the decode runs: at most `slots` rows
+/// decode at a time, each prompt with its budget at most `fits` tokens, and a row whose slot is
+/// free when it arrives starts at the next read-back. The session ends when no row decodes and
+/// the feed has none waiting. Each row gets the tokens [`generate`] gives it in any batch.
+pub fn generate_fed(
+    model: &DecoderLm,
+    tokenizer: Option<&Tokenizer>,
+    p: &SamplingParams,
+    slots: usize,
+    fits: usize,
+    feed: &mut dyn RowFeed,
+) -> Result<()> {
+    // The params alone (no rows): temperature, top-p, top-k, stop strings.
+    check_rows(model, tokenizer, &[], &[], p, &[])?;
+    let dev = model.device();
+    fed(model, Completions::new(tokenizer, p, 0), feed, slots.max(1), fits, sync_every(dev), steps_on(dev))
+}
+
+/// Feeds a fixed list of rows, in order, and keeps what comes back.
+struct ListFeed<'a> {
+    prompts: &'a [Vec<i64>],
+    seeds: &'a [u64],
+    limits: Vec<usize>,
+    out: Vec<Option<Generation>>,
+}
+
+impl RowFeed for ListFeed<'_> {
+    fn next_row(&mut self) -> Option<FedRow> {
+        let r = self.out.len();
+        let prompt = self.prompts.get(r)?.clone();
+        self.out.push(None);
+        Some(FedRow { prompt, seed: self.seeds[r], limit: self.limits[r] })
+    }
+
+    fn finished(&mut self, id: usize, g: Generation) {
+        self.out[id] = Some(g);
+    }
+}
+
 /// [`generate_continuous`] into `rows` (the request's completions, tokenizer, params and each
 /// row's budget), reading the sampled tokens back (and refilling slots) every `every` steps,
 /// stepping the slots as `steps` says. A row whose budget is 0 gets no slot and no tokens.
@@ -922,27 +995,79 @@ fn continuous(
     if let Some(empty) = check_rows(model, tokenizer, prompts, seeds, p, &rows.limits)? {
         return Ok(empty);
     }
-    let dev = model.device();
     let n_slots = if slots == 0 {
         prompts.len()
     } else {
         slots.min(prompts.len())
     };
-    let limits = rows.limits.clone();
-    rows.progress.rows_done = limits.iter().filter(|&&l| l == 0).count();
-    let mut rngs: Vec<ChaCha8Rng> = seeds
-        .iter()
-        .map(|&s| ChaCha8Rng::seed_from_u64(s))
-        .collect();
-    // Which prompt each slot decodes.
-    let mut occupant: Vec<Option<usize>> = vec![None; n_slots];
-    // The rows still to decode, in order (a row without budget is finished as it is).
-    let mut waiting = (0..prompts.len()).filter(|&r| limits[r] > 0);
+    let longest = prompts.iter().zip(&rows.limits).map(|(pr, l)| pr.len() + l).max().unwrap_or(0);
+    // The feed numbers the rows again, in the same order.
+    let limits = std::mem::take(&mut rows.limits);
+    rows.out.clear();
+    let mut feed = ListFeed { prompts, seeds, limits, out: Vec::with_capacity(prompts.len()) };
+    fed(model, rows, &mut feed, n_slots, longest, every, steps)?;
+    Ok(feed.out.into_iter().map(|g| g.expect("every row finishes")).collect())
+}
 
+/// Continuous batching's slots on the host: which row each decodes and that row's random
+/// stream; `fits` = the most prompt + budget tokens a row may have.
+struct Occupants {
+    occupant: Vec<Option<usize>>,
+    streams: Vec<Option<ChaCha8Rng>>,
+    fits: usize,
+}
+
+impl Occupants {
+    /// Free slots take the rows waiting in `feed`, in slot order (a row without budget finishes
+    /// at once and takes no slot).
+    fn refill(&mut self, model: &DecoderLm, decoder: &mut dyn Slots, rows: &mut Completions, feed: &mut dyn RowFeed) -> Result<()> {
+        for s in 0..self.occupant.len() {
+            while self.occupant[s].is_none() {
+                let Some(next) = feed.next_row() else { return Ok(()) };
+                let row = rows.add_row(next.limit);
+                if next.limit == 0 {
+                    rows.progress.rows_done += 1;
+                    feed.finished(row, rows.take(row)?);
+                    continue;
+                }
+                if next.prompt.is_empty() {
+                    return Err(ModelError::Request(format!("row {row}: empty prompt")));
+                }
+                model.check_ids(&next.prompt, row, next.limit)?;
+                if next.prompt.len() + next.limit > self.fits {
+                    return Err(ModelError::Request(format!(
+                        "row {row}: {} prompt and {} new tokens are more than the session's {}",
+                        next.prompt.len(),
+                        next.limit,
+                        self.fits
+                    )));
+                }
+                decoder.fill(s, &next.prompt);
+                self.occupant[s] = Some(row);
+                self.streams[s] = Some(ChaCha8Rng::seed_from_u64(next.seed));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The continuous batching loop: `n_slots` slots over a cache of `fits` tokens (plus the
+/// columns a finished row writes until the next read-back), refilled from `feed` after each
+/// read-back of `every` steps.
+fn fed(
+    model: &DecoderLm,
+    mut rows: Completions,
+    feed: &mut dyn RowFeed,
+    n_slots: usize,
+    fits: usize,
+    every: usize,
+    steps: Steps,
+) -> Result<()> {
+    let (p, dev) = (rows.p, model.device());
+    let mut slots = Occupants { occupant: vec![None; n_slots], streams: (0..n_slots).map(|_| None).collect(), fits };
     tch::no_grad(|| -> Result<()> {
         // A row that finished between reads writes up to `every` more columns.
-        let longest = prompts.iter().zip(&limits).map(|(pr, l)| pr.len() + l).max().unwrap_or(0);
-        let cache = model.new_cache(n_slots as i64, (longest + every) as i64);
+        let cache = model.new_cache(n_slots as i64, (fits + every) as i64);
         let fused = model.decode_projections();
         let mut decoder: Box<dyn Slots> = match steps {
             Steps::Eager => Box::new(EagerSlots::new(model, fused, p, cache)),
@@ -951,13 +1076,9 @@ fn continuous(
                 runner: super::cuda_graph::Runner::new(graph)?,
             }),
         };
-        for (s, slot) in occupant.iter_mut().enumerate() {
-            let Some(row) = waiting.next() else { break };
-            decoder.fill(s, &prompts[row]);
-            *slot = Some(row);
-        }
+        slots.refill(model, decoder.as_mut(), &mut rows, feed)?;
         loop {
-            let active: Vec<usize> = (0..n_slots).filter(|&s| occupant[s].is_some()).collect();
+            let active: Vec<usize> = (0..n_slots).filter(|&s| slots.occupant[s].is_some()).collect();
             if active.is_empty() {
                 break;
             }
@@ -965,43 +1086,33 @@ fn continuous(
             let budget = active
                 .iter()
                 .map(|&s| {
-                    let row = occupant[s].expect("active");
-                    limits[row] - rows.out[row].tokens.len()
+                    let row = slots.occupant[s].expect("active");
+                    rows.limits[row] - rows.out[row].tokens.len()
                 })
                 .max()
                 .unwrap_or(0);
             let n = every.min(budget);
-            let u = {
-                let mut taken: Vec<Option<&mut ChaCha8Rng>> = rngs.iter_mut().map(Some).collect();
-                let mut streams: Vec<Option<&mut ChaCha8Rng>> = occupant
-                    .iter()
-                    .map(|o| o.and_then(|row| taken[row].take()))
-                    .collect();
-                uniforms(&mut streams, n, dev)
-            };
+            let u = uniforms(&mut slots.streams.iter_mut().map(|r| r.as_mut()).collect::<Vec<_>>(), n, dev);
             let records = decoder.steps(&u, n)?;
             let host = read_back(&records)?;
             for &s in &active {
-                let row = occupant[s].expect("active");
+                let row = slots.occupant[s].expect("active");
                 for j in 0..n {
                     let at = (j * n_slots + s) * 4;
                     if rows.push(row, &host[at..at + 4])? {
-                        occupant[s] = None;
+                        slots.occupant[s] = None;
+                        slots.streams[s] = None;
                         decoder.free(s);
+                        feed.finished(row, rows.take(row)?);
                         break;
                     }
                 }
             }
             rows.report();
-            for (s, slot) in occupant.iter_mut().enumerate().filter(|(_, o)| o.is_none()) {
-                let Some(row) = waiting.next() else { break };
-                decoder.fill(s, &prompts[row]);
-                *slot = Some(row);
-            }
+            slots.refill(model, decoder.as_mut(), &mut rows, feed)?;
         }
         decoder.finish()
-    })?;
-    rows.finish()
+    })
 }
 
 #[cfg(test)]
@@ -1421,6 +1532,88 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A feed whose rows arrive over time: row i is waiting only once `after[i]` rows have
+    /// finished (a server taking requests between read-backs). Keeps what comes back, the order
+    /// rows finished in, and how often it had nothing while rows were still to come.
+    struct LateFeed {
+        prompts: Vec<Vec<i64>>,
+        seeds: Vec<u64>,
+        limits: Vec<usize>,
+        after: Vec<usize>,
+        given: usize,
+        empty_asks: usize,
+        out: Vec<Option<Generation>>,
+        finished_order: Vec<usize>,
+    }
+
+    impl LateFeed {
+        fn new(prompts: &[Vec<i64>], seeds: &[u64], limits: Vec<usize>, after: Vec<usize>) -> Self {
+            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, out: vec![], finished_order: vec![] }
+        }
+    }
+
+    impl RowFeed for LateFeed {
+        fn next_row(&mut self) -> Option<FedRow> {
+            let r = self.given;
+            if r >= self.prompts.len() {
+                return None;
+            }
+            if self.after[r] > self.finished_order.len() {
+                self.empty_asks += 1;
+                return None;
+            }
+            self.given += 1;
+            self.out.push(None);
+            Some(FedRow { prompt: self.prompts[r].clone(), seed: self.seeds[r], limit: self.limits[r] })
+        }
+
+        fn finished(&mut self, id: usize, g: Generation) {
+            assert!(self.out[id].replace(g).is_none(), "row {id} finished twice");
+            self.finished_order.push(id);
+        }
+    }
+
+    #[test]
+    fn rows_fed_while_the_decode_runs_get_their_static_batch_tokens_and_finish_as_they_end() {
+        let m = tiny_model(Arch::Qwen2, 47);
+        let (prompts, seeds) = ragged_prompts(7, m.cfg.vocab_size);
+        for t in [0.0, 1.0] {
+            let p = stop_params(&m, &prompts, &seeds, &params(t));
+            let batch = generate(&m, None, &prompts, &seeds, &p).unwrap();
+            let fits = prompts.iter().map(|pr| pr.len()).max().unwrap() + p.max_new_tokens;
+            // Row 5 has no budget.
+            let mut limits = vec![p.max_new_tokens; prompts.len()];
+            limits[5] = 0;
+            // Three slots: after the first row ends its slot idles (row 3 is not there yet) while
+            // two rows decode on; row 6 comes only after row 5 (no budget) finished at once.
+            let mut feed = LateFeed::new(&prompts, &seeds, limits, vec![0, 0, 0, 2, 3, 3, 5]);
+            generate_fed(&m, None, &p, 3, fits, &mut feed).unwrap();
+            assert_eq!(feed.given, prompts.len(), "T={t}: every row was taken");
+            assert!(feed.empty_asks > 0, "T={t}: a slot waited for a row that came later");
+            for (row, (g, b)) in feed.out.iter().zip(&batch).enumerate() {
+                let g = g.as_ref().unwrap_or_else(|| panic!("T={t}: row {row} never finished"));
+                if row == 5 {
+                    assert!(g.tokens.is_empty(), "T={t}: a row without budget samples nothing");
+                    continue;
+                }
+                assert_eq!((&g.tokens, g.finish_reason), (&b.tokens, b.finish_reason), "T={t} row {row}");
+                for (x, y) in g.logprobs.iter().zip(&b.logprobs) {
+                    assert!((x - y).abs() < 1e-4, "T={t} row {row}: {x} vs {y}");
+                }
+            }
+            // Rows are handed back as they end, not in row order at the end of the session.
+            let mut sorted = feed.finished_order.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..prompts.len()).collect::<Vec<_>>());
+            assert_ne!(feed.finished_order, sorted, "T={t}: {:?}", feed.finished_order);
+        }
+        // A row longer than the session's `fits` is an error naming it, not a cache overrun.
+        let p = params(1.0);
+        let mut feed = LateFeed::new(&[vec![1, 2, 3]], &[0], vec![8], vec![0]);
+        let e = generate_fed(&m, None, &p, 2, 10, &mut feed).unwrap_err();
+        assert!(e.to_string().contains("row 0: 3 prompt and 8 new tokens are more than the session's 10"), "{e}");
     }
 
     #[test]

@@ -36,9 +36,9 @@ pub use config::{Arch, ModelConfig};
 pub use decoder::DecoderLm;
 pub use error::{ModelError, Result};
 pub use generate::{
-    generate, generate_continuous, generate_continuous_with_progress, generate_continuous_within_context, generate_with_progress,
-    prefill_completion, FinishReason,
-    Generation, Prefilled, SamplingParams,
+    generate, generate_continuous, generate_continuous_with_progress, generate_continuous_within_context, generate_fed, generate_with_progress,
+    prefill_completion, FedRow, FinishReason,
+    Generation, Prefilled, RowFeed, SamplingParams,
 };
 pub use layers::KvCache;
 pub use score::{

@@ -1,0 +1,124 @@
+//! One decode session of `rredcot serve`: continuous batching across requests. The session takes
+//! the jobs at the head of the queue that share its sampling params, one row (choice) per free
+//! slot; requests that arrive meanwhile are routed between read-backs and join while they keep
+//! those params and fit the session's cache; each request is answered as soon as its last row
+//! ends. A job with other params (or too long a prompt) waits at the head, and nothing overtakes
+//! it: the session drains and the next one starts with it.
+
+use std::collections::VecDeque;
+
+use super::front::Front;
+use super::{fail, Job, State};
+use crate::model::{self, FedRow, Generation, RowFeed, SamplingParams};
+
+/// Prompt lengths are rounded up to this many tokens when a session sizes its cache, so that
+/// requests of about the same length as the first ones can still join.
+const PROMPT_ROUNDING: usize = 256;
+
+/// A job taken into the session, its choices filled in as they end.
+struct Running {
+    job: Job,
+    gens: Vec<Option<Generation>>,
+    left: usize,
+}
+
+/// The session's side of [`RowFeed`].
+struct Feed<'a> {
+    state: &'a State,
+    front: &'a Front,
+    queue: &'a mut VecDeque<Job>,
+    sampling: SamplingParams,
+    /// Most prompt + new tokens a row may have.
+    fits: usize,
+    /// Jobs taken (answered ones are `None`), each row's job and choice, and the job being fed
+    /// with its next choice.
+    running: Vec<Option<Running>>,
+    rows: Vec<(usize, usize)>,
+    current: Option<(usize, usize)>,
+    /// The head of the queue cannot join: take no more jobs.
+    closed: bool,
+}
+
+impl Feed<'_> {
+    /// Routes the requests that came since the last look (what needs no generation is answered
+    /// at once).
+    fn take_arrivals(&mut self) {
+        while let Ok(Some(r)) = self.front.try_recv() {
+            self.queue.extend(self.state.route(r));
+        }
+    }
+
+    /// Whether the job at the head of the queue can join the session.
+    fn head_joins(&self) -> bool {
+        self.queue.front().is_some_and(|j| j.sampling == self.sampling && j.prompt.len() + j.sampling.max_new_tokens <= self.fits)
+    }
+}
+
+impl RowFeed for Feed<'_> {
+    fn next_row(&mut self) -> Option<FedRow> {
+        self.take_arrivals();
+        // The next choice of the job being fed, else the head of the queue if it joins (n >= 1).
+        let (j, choice) = match self.current {
+            Some(c) => c,
+            None if self.closed => return None,
+            None if self.head_joins() => {
+                let job = self.queue.pop_front().expect("the head joins");
+                self.running.push(Some(Running { gens: (0..job.n).map(|_| None).collect(), left: job.n, job }));
+                (self.running.len() - 1, 0)
+            }
+            None => {
+                self.closed = !self.queue.is_empty();
+                return None;
+            }
+        };
+        let job = &self.running[j].as_ref().expect("a job being fed is not answered").job;
+        self.current = (choice + 1 < job.n).then_some((j, choice + 1));
+        self.rows.push((j, choice));
+        Some(FedRow { prompt: job.prompt.clone(), seed: job.seed.wrapping_add(choice as u64), limit: job.sampling.max_new_tokens })
+    }
+
+    fn finished(&mut self, id: usize, g: Generation) {
+        let (j, choice) = self.rows[id];
+        let r = self.running[j].as_mut().expect("a job is answered after its last row");
+        r.gens[choice] = Some(g);
+        r.left -= 1;
+        if r.left == 0 {
+            let r = self.running[j].take().expect("running");
+            let gens = r.gens.into_iter().map(|g| g.expect("every choice ended")).collect();
+            self.state.answer(r.job, gens);
+        }
+    }
+}
+
+/// Runs one session from the head of `queue` until no row decodes and no waiting job can join.
+/// If generation fails, every job of the session not yet answered gets HTTP 500.
+pub(super) fn run(state: &State, front: &Front, queue: &mut VecDeque<Job>) {
+    let Some(head) = queue.front() else { return };
+    let sampling = head.sampling.clone();
+    let context = state.model.cfg.max_position_embeddings as usize;
+    let longest = queue.iter().take_while(|j| j.sampling == sampling).map(|j| j.prompt.len()).max().unwrap_or(0);
+    // Each job's max_new_tokens was clamped to the context its prompt leaves, so the head fits.
+    let fits = (longest.next_multiple_of(PROMPT_ROUNDING) + sampling.max_new_tokens).min(context);
+    let slots = state.max_batch.max(1);
+    let mut feed = Feed { state, front, queue, sampling, fits, running: vec![], rows: vec![], current: None, closed: false };
+    // libtorch reports some failures by panicking: a request must not take the server down.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let sampling = feed.sampling.clone();
+        tch::no_grad(|| model::generate_fed(&state.model, Some(&state.tok), &sampling, slots, fits, &mut feed))
+    }));
+    let msg = match result {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => format!("generation failed: {e}"),
+        Err(p) => format!("generation panicked: {}", p.downcast_ref::<String>().cloned().unwrap_or_default()),
+    };
+    let taken: Vec<Job> = feed.running.into_iter().flatten().map(|r| r.job).collect();
+    if taken.is_empty() {
+        // It failed before taking a row (its params): the head would fail again.
+        if let Some(job) = feed.queue.pop_front() {
+            fail(job, &msg);
+        }
+    }
+    for job in taken {
+        fail(job, &msg);
+    }
+}
