@@ -17,7 +17,7 @@ use rredcot::judge::http::{ChatClient, ChatRequest, HttpConfig, Stats};
 use serde_json::{json, Value};
 
 mod common;
-use common::{instance, record, repo, world_front};
+use common::{instance, record, repo, venv_python, world_front};
 
 fn worker() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
@@ -136,6 +136,24 @@ fn replies(path: &Path) -> Vec<String> {
     rredcot::stages::judge::read_judgments(path).unwrap().into_iter().map(|j| j.reply).collect()
 }
 
+/// `tests/python/openai_client.py` (the `openai` package: models, seeded chat with n = 2, a
+/// token-id completion with top logprobs, 400s, 48 requests from 16 threads without retries)
+/// against the server. A SKIP without the package; under CI (`make test-deps` installs it) a
+/// failure.
+fn openai_client_check(url: &str, name: &str) {
+    let py = venv_python();
+    let probe = Command::new(&py).args(["-c", "import openai"]).output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        assert!(std::env::var_os("CI").is_none(), "the openai package is not importable by {} under CI", py.display());
+        eprintln!("SKIP the OpenAI client check: `openai` not importable by {} (run `make test-deps`)", py.display());
+        return;
+    }
+    let out = Command::new(&py).arg(repo().join("tests/python/openai_client.py")).args([url, name]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "OpenAI client check failed:\n{stdout}{stderr}");
+    eprintln!("OpenAI client: {}", stdout.trim());
+}
+
 #[test]
 fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     let dir = tempfile::tempdir().unwrap();
@@ -179,6 +197,9 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     .unwrap();
     let (again, _) = client.complete(&ChatRequest { body: body.clone(), label: "again".into() }, &Stats::default()).unwrap();
     assert_eq!(again["choices"], resp["choices"]);
+
+    // The same server through OpenAI's own Python client.
+    openai_client_check(&server.url, "tiny-sft");
 
     // The judge stage through the server.
     let url = format!("judge.url={}", server.url);

@@ -12,6 +12,12 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
+/// The project venv's python (`RREDCOT_VENV`, else `.venv`), where `make test-deps` installs the
+/// reference packages.
+pub fn venv_python() -> PathBuf {
+    std::env::var("RREDCOT_VENV").map(PathBuf::from).unwrap_or_else(|_| repo().join(".venv")).join("bin/python")
+}
+
 /// The default world at toy scale: task generator and bootstrap SFT (seconds in a debug build).
 pub const TINY_WORLD: &[&str] = &[
     "taskgen.n_train=300",
