@@ -59,4 +59,16 @@ with ThreadPoolExecutor(16) as pool:
     answers = list(pool.map(one, range(48)))
 assert len(answers) == 48 and all(isinstance(a, str) for a in answers)
 seen["concurrent_answers"] = len(answers)
+
+# Requests with different sampling params at once: each is decoded under its own (the server
+# runs one params set per session), so none gets more tokens than it asked for.
+def mixed(i):
+    budget = 2 + i % 3
+    r = client.completions.create(model=name, prompt=[5 + i, 6, 7], max_tokens=budget, temperature=[0.0, 1.0][i % 2], seed=i)
+    return budget, r.usage.completion_tokens, r.choices[0].finish_reason
+
+with ThreadPoolExecutor(12) as pool:
+    got = list(pool.map(mixed, range(36)))
+assert all(0 < used <= budget and (why == "stop" or (why == "length" and used == budget)) for budget, used, why in got), got
+seen["mixed_params_answers"] = len(got)
 print(json.dumps(seen))
