@@ -931,6 +931,9 @@ pub trait RowFeed {
     fn next_row(&mut self) -> Option<FedRow>;
     /// Row `id` finished (rows are numbered from 0 in the order [`Self::next_row`] gave them).
     fn finished(&mut self, id: usize, g: Generation);
+    /// Called after every read-back, whether or not a slot is free (a server answers what needs
+    /// no generation here, so a long decode does not hold it up).
+    fn between_reads(&mut self) {}
 }
 
 /// A row for [`RowFeed::next_row`]: prompt ids, the row's seed and its token budget.
@@ -1109,6 +1112,7 @@ fn fed(
                 }
             }
             rows.report();
+            feed.between_reads();
             slots.refill(model, decoder.as_mut(), &mut rows, feed)?;
         }
         decoder.finish()
@@ -1544,13 +1548,14 @@ mod tests {
         after: Vec<usize>,
         given: usize,
         empty_asks: usize,
+        reads: usize,
         out: Vec<Option<Generation>>,
         finished_order: Vec<usize>,
     }
 
     impl LateFeed {
         fn new(prompts: &[Vec<i64>], seeds: &[u64], limits: Vec<usize>, after: Vec<usize>) -> Self {
-            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, out: vec![], finished_order: vec![] }
+            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, reads: 0, out: vec![], finished_order: vec![] }
         }
     }
 
@@ -1573,6 +1578,10 @@ mod tests {
             assert!(self.out[id].replace(g).is_none(), "row {id} finished twice");
             self.finished_order.push(id);
         }
+
+        fn between_reads(&mut self) {
+            self.reads += 1;
+        }
     }
 
     #[test]
@@ -1592,6 +1601,9 @@ mod tests {
             generate_fed(&m, None, &p, 3, fits, &mut feed).unwrap();
             assert_eq!(feed.given, prompts.len(), "T={t}: every row was taken");
             assert!(feed.empty_asks > 0, "T={t}: a slot waited for a row that came later");
+            // On the CPU every step is read back, and the feed hears of each read.
+            let longest = feed.out.iter().flatten().map(|g| g.tokens.len()).max().unwrap();
+            assert!(feed.reads >= longest, "T={t}: {} reads for a row of {longest} tokens", feed.reads);
             for (row, (g, b)) in feed.out.iter().zip(&batch).enumerate() {
                 let g = g.as_ref().unwrap_or_else(|| panic!("T={t}: row {row} never finished"));
                 if row == 5 {

@@ -1,6 +1,7 @@
 //! One decode session of `rredcot serve`: continuous batching across requests. The session takes
 //! the jobs at the head of the queue that share its sampling params, one row (choice) per free
-//! slot; requests that arrive meanwhile are routed between read-backs and join while they keep
+//! slot; requests that arrive meanwhile are routed after each read-back (what needs no generation,
+//! such as `/health`, is answered there, even while every slot decodes) and join while they keep
 //! those params and fit the session's cache; each request is answered as soon as its last row
 //! ends. A job with other params (or too long a prompt) waits at the head, and nothing overtakes
 //! it: the session drains and the next one starts with it.
@@ -75,6 +76,10 @@ impl RowFeed for Feed<'_> {
         self.current = (choice + 1 < job.n).then_some((j, choice + 1));
         self.rows.push((j, choice));
         Some(FedRow { prompt: job.prompt.clone(), seed: job.seed.wrapping_add(choice as u64), limit: job.sampling.max_new_tokens })
+    }
+
+    fn between_reads(&mut self) {
+        self.take_arrivals();
     }
 
     fn finished(&mut self, id: usize, g: Generation) {
