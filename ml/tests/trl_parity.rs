@@ -22,12 +22,15 @@
 //! Everything is float64; tolerance 1e-13 (absolute), measured agreement is ~1e-16 (the two sides
 //! sum in different orders).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use rredcot_ml::train::loss::{dapo_tokens_per_step, policy_loss, sequence_factors, IsLevel, LossConfig, LossType};
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
+
+mod common;
+use common::venv_python;
 
 const B: i64 = 8;
 const T: i64 = 6;
@@ -36,20 +39,13 @@ const EPS_LOW: f64 = 0.2;
 const EPS_HIGH: f64 = 0.28;
 const TOL: f64 = 1e-13;
 
-fn python() -> PathBuf {
-    let venv = std::env::var("RREDCOT_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
-    venv.join("bin/python")
-}
-
 /// `Some(reason)` when TRL is not importable (outside `make test-deps`).
 fn missing_trl() -> Option<String> {
     let code = "import trl, datasets; assert trl.__version__ == '1.16.0', trl.__version__";
-    match Command::new(python()).args(["-c", code]).output() {
+    match Command::new(venv_python()).args(["-c", code]).output() {
         Ok(o) if o.status.success() => None,
         Ok(o) => Some(String::from_utf8_lossy(&o.stderr).trim().to_string()),
-        Err(e) => Some(format!("{}: {e}", python().display())),
+        Err(e) => Some(format!("{}: {e}", venv_python().display())),
     }
 }
 
@@ -218,7 +214,7 @@ fn uniform_credit_loss_and_gradients_equal_trl_grpo_trainer() {
     let (inp, out) = (dir.path().join("batch.json"), dir.path().join("trl.json"));
     std::fs::write(&inp, serde_json::to_vec(&batch_json).unwrap()).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/trl_ref.py");
-    let run = Command::new(python()).arg(&script).arg(&inp).arg(&out).output().expect("running python");
+    let run = Command::new(venv_python()).arg(&script).arg(&inp).arg(&out).output().expect("running python");
     assert!(run.status.success(), "trl_ref.py failed:\n{}", String::from_utf8_lossy(&run.stderr));
     let trl: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(trl["trl"], "1.16.0");

@@ -329,15 +329,7 @@ fn check_rows(
             seeds.len()
         )));
     }
-    if !(p.top_p > 0.0 && p.top_p <= 1.0) || p.temperature < 0.0 || p.top_k < 0 {
-        return Err(ModelError::Request(format!(
-            "invalid sampling params: temperature {}, top_p {}, top_k {}",
-            p.temperature, p.top_p, p.top_k
-        )));
-    }
-    if !p.stop_strings.is_empty() && tokenizer.is_none() {
-        return Err(ModelError::Request("stop strings need a tokenizer".into()));
-    }
+    check_params(tokenizer, p)?;
     if limits.iter().all(|&l| l == 0) {
         return Ok(Some(
             prompts
@@ -347,12 +339,33 @@ fn check_rows(
         ));
     }
     for (row, pr) in prompts.iter().enumerate() {
-        if pr.is_empty() {
-            return Err(ModelError::Request(format!("row {row}: empty prompt")));
-        }
-        model.check_ids(pr, row, limits[row])?;
+        check_row(model, row, pr, limits[row])?;
     }
     Ok(None)
+}
+
+/// The sampling params a request may have: temperature, top-p, top-k, stop strings (which need
+/// a tokenizer).
+fn check_params(tokenizer: Option<&Tokenizer>, p: &SamplingParams) -> Result<()> {
+    if !(p.top_p > 0.0 && p.top_p <= 1.0) || p.temperature < 0.0 || p.top_k < 0 {
+        return Err(ModelError::Request(format!(
+            "invalid sampling params: temperature {}, top_p {}, top_k {}",
+            p.temperature, p.top_p, p.top_k
+        )));
+    }
+    if !p.stop_strings.is_empty() && tokenizer.is_none() {
+        return Err(ModelError::Request("stop strings need a tokenizer".into()));
+    }
+    Ok(())
+}
+
+/// Row `row`'s prompt: not empty, ids in the vocabulary, and with `limit` new tokens within the
+/// context.
+fn check_row(model: &DecoderLm, row: usize, prompt: &[i64], limit: usize) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(ModelError::Request(format!("row {row}: empty prompt")));
+    }
+    model.check_ids(prompt, row, limit)
 }
 
 /// How far a request is: reported after each read-back of sampled tokens (every step on the
@@ -955,8 +968,7 @@ pub fn generate_fed(
     fits: usize,
     feed: &mut dyn RowFeed,
 ) -> Result<()> {
-    // The params alone (no rows): temperature, top-p, top-k, stop strings.
-    check_rows(model, tokenizer, &[], &[], p, &[])?;
+    check_params(tokenizer, p)?;
     let dev = model.device();
     fed(model, Completions::new(tokenizer, p, 0), feed, slots.max(1), fits, sync_every(dev), steps_on(dev))
 }
@@ -1033,10 +1045,7 @@ impl Occupants {
                     feed.finished(row, rows.take(row)?);
                     continue;
                 }
-                if next.prompt.is_empty() {
-                    return Err(ModelError::Request(format!("row {row}: empty prompt")));
-                }
-                model.check_ids(&next.prompt, row, next.limit)?;
+                check_row(model, row, &next.prompt, next.limit)?;
                 if next.prompt.len() + next.limit > self.fits {
                     return Err(ModelError::Request(format!(
                         "row {row}: {} prompt and {} new tokens are more than the session's {}",

@@ -72,16 +72,7 @@ impl Front {
         self.requests.recv().map_err(|_| anyhow!("the HTTP thread stopped"))
     }
 
-    /// The next request if one has come (never waits).
-    pub fn try_recv(&self) -> Result<Option<Incoming>> {
-        match self.requests.try_recv() {
-            Ok(r) => Ok(Some(r)),
-            Err(mpsc::TryRecvError::Empty) => Ok(None),
-            Err(mpsc::TryRecvError::Disconnected) => Err(anyhow!("the HTTP thread stopped")),
-        }
-    }
-
-    /// The next request if one comes within `wait`.
+    /// The next request if one comes within `wait` (`Duration::ZERO`: if one has come).
     pub fn recv_timeout(&self, wait: Duration) -> Result<Option<Incoming>> {
         match self.requests.recv_timeout(wait) {
             Ok(r) => Ok(Some(r)),

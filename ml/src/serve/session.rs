@@ -7,6 +7,7 @@
 //! it: the session drains and the next one starts with it.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use super::front::Front;
 use super::{fail, Job, State};
@@ -20,7 +21,6 @@ const PROMPT_ROUNDING: usize = 256;
 struct Running {
     job: Job,
     gens: Vec<Option<Generation>>,
-    left: usize,
 }
 
 /// The session's side of [`RowFeed`].
@@ -28,7 +28,7 @@ struct Feed<'a> {
     state: &'a State,
     front: &'a Front,
     queue: &'a mut VecDeque<Job>,
-    sampling: SamplingParams,
+    sampling: &'a SamplingParams,
     /// Most prompt + new tokens a row may have.
     fits: usize,
     /// Jobs taken (answered ones are `None`), each row's job and choice, and the job being fed
@@ -44,14 +44,14 @@ impl Feed<'_> {
     /// Routes the requests that came since the last look (what needs no generation is answered
     /// at once).
     fn take_arrivals(&mut self) {
-        while let Ok(Some(r)) = self.front.try_recv() {
+        while let Ok(Some(r)) = self.front.recv_timeout(Duration::ZERO) {
             self.queue.extend(self.state.route(r));
         }
     }
 
     /// Whether the job at the head of the queue can join the session.
     fn head_joins(&self) -> bool {
-        self.queue.front().is_some_and(|j| j.sampling == self.sampling && j.prompt.len() + j.sampling.max_new_tokens <= self.fits)
+        self.queue.front().is_some_and(|j| j.sampling == *self.sampling && j.prompt.len() + j.sampling.max_new_tokens <= self.fits)
     }
 }
 
@@ -64,7 +64,7 @@ impl RowFeed for Feed<'_> {
             None if self.closed => return None,
             None if self.head_joins() => {
                 let job = self.queue.pop_front().expect("the head joins");
-                self.running.push(Some(Running { gens: (0..job.n).map(|_| None).collect(), left: job.n, job }));
+                self.running.push(Some(Running { gens: (0..job.n).map(|_| None).collect(), job }));
                 (self.running.len() - 1, 0)
             }
             None => {
@@ -86,8 +86,7 @@ impl RowFeed for Feed<'_> {
         let (j, choice) = self.rows[id];
         let r = self.running[j].as_mut().expect("a job is answered after its last row");
         r.gens[choice] = Some(g);
-        r.left -= 1;
-        if r.left == 0 {
+        if r.gens.iter().all(Option::is_some) {
             let r = self.running[j].take().expect("running");
             let gens = r.gens.into_iter().map(|g| g.expect("every choice ended")).collect();
             self.state.answer(r.job, gens);
@@ -105,10 +104,9 @@ pub(super) fn run(state: &State, front: &Front, queue: &mut VecDeque<Job>) {
     // Each job's max_new_tokens was clamped to the context its prompt leaves, so the head fits.
     let fits = (longest.next_multiple_of(PROMPT_ROUNDING) + sampling.max_new_tokens).min(context);
     let slots = state.max_batch.max(1);
-    let mut feed = Feed { state, front, queue, sampling, fits, running: vec![], rows: vec![], current: None, closed: false };
+    let mut feed = Feed { state, front, queue, sampling: &sampling, fits, running: vec![], rows: vec![], current: None, closed: false };
     // libtorch reports some failures by panicking: a request must not take the server down.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let sampling = feed.sampling.clone();
         tch::no_grad(|| model::generate_fed(&state.model, Some(&state.tok), &sampling, slots, fits, &mut feed))
     }));
     let msg = match result {
