@@ -267,6 +267,8 @@ struct RealReport {
     /// the pair's kind (its own gold: correct; another problem's: not).
     right: BTreeMap<(String, String), (usize, usize)>,
     disagreements: Vec<String>,
+    /// Pairs we judge against their kind (own gold: correct; another problem's: not).
+    ours_wrong: Vec<String>,
 }
 
 impl RealReport {
@@ -284,6 +286,10 @@ impl RealReport {
         println!("  plain golds math-verify reads: {}/{}", p.agree, p.pairs);
         println!("real disagreements ({}):", self.disagreements.len());
         for d in &self.disagreements {
+            println!("{d}");
+        }
+        println!("real pairs we judge wrong by construction ({}):", self.ours_wrong.len());
+        for d in &self.ours_wrong {
             println!("{d}");
         }
     }
@@ -323,11 +329,15 @@ fn judge_real(jsonl: &str) -> RealReport {
                     r.plain_readable_boxed_form.push(label, v.correct);
                 }
             }
+            let line = format!(
+                "  [{form}/{conv}] gold={gold:?} response={response:?} math_verify={label} ours={} extracted={:?}",
+                v.correct, v.extracted
+            );
+            if v.correct != truth {
+                r.ours_wrong.push(format!("{line} truth={truth}"));
+            }
             if label != v.correct {
-                r.disagreements.push(format!(
-                    "  [{form}/{conv}] gold={gold:?} response={response:?} math_verify={label} ours={} extracted={:?}",
-                    v.correct, v.extracted
-                ));
+                r.disagreements.push(line);
             }
         }
     }
