@@ -2,12 +2,14 @@
 //! any OpenAI client) can use a trained checkpoint or a GGUF model.
 //!
 //! Endpoints: `POST /v1/chat/completions` (`messages`, `temperature`, `top_p`, `top_k`,
-//! `max_tokens` / `max_completion_tokens`, `n`, `seed`, `stop`, `stop_token_ids`; no streaming),
-//! `POST /v1/completions` (the same, with `prompt` as a string or a list of token ids, plus
-//! `logprobs` = how many top tokens per position, `return_tokens_as_token_ids` (tokens as
-//! `"token_id:123"`, as vLLM writes them) and `return_token_ids` (each choice's `token_ids`)),
-//! `GET /v1/models`, `GET /version`, `GET /health`. Responses have OpenAI's shapes; a bad request
-//! gets HTTP 400 with an OpenAI-style `{"error": {...}}` body, never a crash.
+//! `max_tokens` / `max_completion_tokens`, `n`, `seed`, `stop`, `stop_token_ids`, `stream`,
+//! `stream_options.include_usage`), `POST /v1/completions` (the same, with `prompt` as a string or
+//! a list of token ids, plus `logprobs` = how many top tokens per position,
+//! `return_tokens_as_token_ids` (tokens as `"token_id:123"`, as vLLM writes them) and
+//! `return_token_ids` (each choice's `token_ids`); those three not with `stream`),
+//! `GET /v1/models`, `GET /version`, `GET /health`. Responses have OpenAI's shapes; a streamed one
+//! is OpenAI's server-sent chunks ([`stream`]); a bad request gets HTTP 400 with an OpenAI-style
+//! `{"error": {...}}` body, never a crash.
 //!
 //! A completion's `token_logprobs` are those the sampler drew from (softmax(logits / T) after
 //! top-k and top-p, as the built-in rollout records them); its `top_logprobs` come from one
@@ -34,8 +36,10 @@ use hyper::Method;
 
 mod front;
 mod session;
+mod stream;
 
-use front::{Front, Incoming};
+use front::{EventSink, Front, Incoming};
+use stream::{Chunks, StreamOptions, TextStream};
 
 use crate::model::{self, ChatMessage, DecoderLm, LoadOptions, SamplingParams, Tokenizer};
 
@@ -69,6 +73,7 @@ pub struct ChatBody {
     pub sampling: SamplingParams,
     pub n: usize,
     pub seed: Option<u64>,
+    pub stream: Option<StreamOptions>,
 }
 
 /// The text of a message's `content`: a string, or an array of `{type: "text", text}` parts.
@@ -109,17 +114,38 @@ pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiErr
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
-    Ok(ChatBody { messages, sampling, n, seed })
+    Ok(ChatBody { messages, sampling, n, seed, stream: parse_stream(&obj)? })
 }
 
-/// A request body as a JSON object (streaming refused).
+/// A request body as a JSON object.
 fn body_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| bad(format!("request body is not JSON: {e}")))?;
     let Value::Object(obj) = v else { return Err(bad("request body must be a JSON object")) };
-    if obj.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(bad("stream = true is not supported"));
-    }
     Ok(obj)
+}
+
+/// `stream` and `stream_options`: `None` for a whole reply.
+fn parse_stream(obj: &serde_json::Map<String, Value>) -> Result<Option<StreamOptions>, ApiError> {
+    let stream = match obj.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(v) => v.as_bool().ok_or_else(|| bad("`stream` must be a boolean"))?,
+    };
+    let options = match obj.get("stream_options") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => Some(o),
+        Some(_) => return Err(bad("`stream_options` must be an object")),
+    };
+    if !stream {
+        return match options {
+            Some(_) => Err(bad("`stream_options` is only allowed with stream = true")),
+            None => Ok(None),
+        };
+    }
+    let include_usage = match options.and_then(|o| o.get("include_usage")) {
+        None | Some(Value::Null) => false,
+        Some(v) => v.as_bool().ok_or_else(|| bad("`stream_options.include_usage` must be a boolean"))?,
+    };
+    Ok(Some(StreamOptions { include_usage }))
 }
 
 /// The sampling fields both endpoints share: params, `n` and `seed`.
@@ -219,6 +245,7 @@ pub struct CompletionBody {
     pub n: usize,
     pub seed: Option<u64>,
     pub format: CompletionFormat,
+    pub stream: Option<StreamOptions>,
 }
 
 /// Parses and validates a completion request (one prompt per request); `max_new_tokens` as in
@@ -259,7 +286,17 @@ pub fn parse_completion(body: &[u8], max_new_tokens: usize) -> Result<Completion
     };
     let format = CompletionFormat { logprobs, ids_as_tokens: flag("return_tokens_as_token_ids")?, return_ids: flag("return_token_ids")? };
     let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
-    Ok(CompletionBody { prompt, sampling, n, seed, format })
+    let stream = parse_stream(&obj)?;
+    // Top logprobs come from a prefill of the finished choice, and streamed text is cut where the
+    // text allows, not at token boundaries: neither fits a stream.
+    if stream.is_some() {
+        for (asked, name) in [(logprobs.is_some(), "logprobs"), (format.ids_as_tokens, "return_tokens_as_token_ids"), (format.return_ids, "return_token_ids")] {
+            if asked {
+                return Err(bad(format!("`{name}` is not supported with stream = true")));
+            }
+        }
+    }
+    Ok(CompletionBody { prompt, sampling, n, seed, format, stream })
 }
 
 /// What a request is answered with.
@@ -271,7 +308,7 @@ enum Reply {
 
 /// A request ready to generate.
 struct Job {
-    request: Incoming,
+    answer: Answerer,
     reply: Reply,
     prompt: Vec<i64>,
     sampling: SamplingParams,
@@ -280,8 +317,30 @@ struct Job {
     started: Instant,
 }
 
-/// A request checked and tokenized: reply kind, prompt ids, sampling params, n, seed.
-type Prepared = (Reply, Vec<i64>, SamplingParams, usize, u64);
+/// How a job is answered: whole when its choices have ended, or streamed as they decode.
+enum Answerer {
+    Whole(Incoming),
+    Events(Events),
+}
+
+/// A streamed job's sink, its chunks' builder, each choice's text, and whether the client has
+/// gone (a send failed).
+struct Events {
+    sink: EventSink,
+    chunks: Chunks,
+    texts: Vec<TextStream>,
+    gone: bool,
+}
+
+/// A request checked and tokenized.
+struct Prepared {
+    reply: Reply,
+    prompt: Vec<i64>,
+    sampling: SamplingParams,
+    n: usize,
+    seed: u64,
+    stream: Option<StreamOptions>,
+}
 
 struct State {
     model: DecoderLm,
@@ -323,7 +382,7 @@ impl State {
                 };
                 let prepared = if path == "/v1/completions" { self.prepare_completion(&body) } else { self.prepare(&body) };
                 match prepared {
-                    Ok((reply, prompt, sampling, n, seed)) => return Some(Job { request: req, reply, prompt, sampling, n, seed, started }),
+                    Ok(p) => return Some(self.job(req, p, started)),
                     Err(e) => req.respond(e.status, &error_body(&e)),
                 }
             }
@@ -340,7 +399,7 @@ impl State {
     fn prepare(&self, body: &[u8]) -> Result<Prepared, ApiError> {
         let chat = parse_chat(body, self.max_new_tokens)?;
         let prompt = self.tok.encode_chat(&chat.messages, true).map_err(|e| bad(format!("tokenizing the messages: {e}")))?;
-        self.admit(Reply::Chat, prompt, chat.sampling, chat.n, chat.seed)
+        self.admit(Reply::Chat, prompt, chat.sampling, chat.n, chat.seed, chat.stream)
     }
 
     /// [`State::prepare`] for a `/v1/completions` body.
@@ -354,11 +413,11 @@ impl State {
         if let Some(t) = prompt.iter().chain(&c.sampling.stop_token_ids).find(|&&t| t >= vocab) {
             return Err(bad(format!("token id {t} is outside the model's vocabulary of {vocab}")));
         }
-        self.admit(Reply::Completion(c.format), prompt, c.sampling, c.n, c.seed)
+        self.admit(Reply::Completion(c.format), prompt, c.sampling, c.n, c.seed, c.stream)
     }
 
     /// Checks the prompt against the context, clamps `max_tokens` to it and draws a seed.
-    fn admit(&self, reply: Reply, prompt: Vec<i64>, mut sampling: SamplingParams, n: usize, seed: Option<u64>) -> Result<Prepared, ApiError> {
+    fn admit(&self, reply: Reply, prompt: Vec<i64>, mut sampling: SamplingParams, n: usize, seed: Option<u64>, stream: Option<StreamOptions>) -> Result<Prepared, ApiError> {
         let context = self.model.cfg.max_position_embeddings as usize;
         if prompt.len() >= context {
             return Err(bad(format!("the prompt is {} tokens; the model's context is {context}", prompt.len())));
@@ -369,21 +428,86 @@ impl State {
             let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
             t ^ self.served.get().wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
-        Ok((reply, prompt, sampling, n, seed))
+        Ok(Prepared { reply, prompt, sampling, n, seed, stream })
     }
 
-    /// Answers a job whose rows are all generated (choice i from `gens[i]`).
+    /// The reply's id: the same in every chunk of a streamed one.
+    fn reply_id(&self, reply: Reply, seed: u64) -> String {
+        match reply {
+            Reply::Chat => format!("chatcmpl-{:x}-{seed:x}", self.created),
+            Reply::Completion(_) => format!("cmpl-{:x}-{seed:x}", self.created),
+        }
+    }
+
+    /// The job of a prepared request. A streamed one is answered 200 at once, and a chat's choices
+    /// get their first chunk (the role), as OpenAI's do.
+    fn job(&self, req: Incoming, p: Prepared, started: Instant) -> Job {
+        let answer = match p.stream {
+            None => Answerer::Whole(req),
+            Some(opts) => {
+                let chat = p.reply == Reply::Chat;
+                let chunks = Chunks { id: self.reply_id(p.reply, p.seed), created: now_s(), model: self.name.clone(), chat, include_usage: opts.include_usage };
+                let sink = req.respond_events();
+                if chat {
+                    for i in 0..p.n {
+                        sink.send(&chunks.role(i));
+                    }
+                }
+                Answerer::Events(Events { sink, chunks, texts: (0..p.n).map(|_| TextStream::default()).collect(), gone: false })
+            }
+        };
+        Job { answer, reply: p.reply, prompt: p.prompt, sampling: p.sampling, n: p.n, seed: p.seed, started }
+    }
+
+    /// Choice `choice` of a streamed job has `tokens` so far: sends the text they add. False when
+    /// the client has gone, so the choice stops decoding.
+    fn stream_progress(&self, job: &mut Job, choice: usize, tokens: &[i64]) -> bool {
+        let Answerer::Events(ev) = &mut job.answer else { return true };
+        let stops = &job.sampling.stop_strings;
+        let hold = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0).saturating_sub(1);
+        match ev.texts[choice].advance(&self.tok, tokens, hold, stops) {
+            Ok(Some(text)) => {
+                ev.gone |= !ev.sink.send(&ev.chunks.text(choice, &text));
+                !ev.gone
+            }
+            Ok(None) => !ev.gone,
+            // The whole text is decoded again when the choice ends; what fails there fails the job.
+            Err(e) => {
+                tracing::warn!("decoding a streamed choice: {e}");
+                true
+            }
+        }
+    }
+
+    /// Choice `choice` of a streamed job ended: sends the rest of its text and why it ended.
+    fn stream_end(&self, job: &mut Job, choice: usize, g: &model::Generation) {
+        let Answerer::Events(ev) = &mut job.answer else { return };
+        let rest = ev.texts[choice].finish(g.text.as_deref().unwrap_or(""));
+        ev.sink.send(&ev.chunks.end(choice, rest.as_deref(), g.finish_reason.as_str()));
+    }
+
+    /// Answers a job whose rows are all generated (choice i from `gens[i]`); a streamed one has
+    /// sent its choices already and ends with the usage (if asked for) and `[DONE]`.
     fn answer(&self, job: Job, gens: Vec<model::Generation>) {
         let completion: usize = gens.iter().map(|g| g.tokens.len()).sum();
-        let choices: Result<Vec<Value>, String> = gens.iter().enumerate().map(|(i, g)| self.choice(&job, i, g)).collect();
+        let request = match job.answer {
+            Answerer::Events(ev) => {
+                if ev.chunks.include_usage {
+                    ev.sink.send(&ev.chunks.usage(job.prompt.len(), completion));
+                }
+                let how = if ev.gone { "streamed until the client went away" } else { "streamed" };
+                tracing::info!("{} ({how}): n={} {completion} tokens in {:.2}s", ev.chunks.id, job.n, job.started.elapsed().as_secs_f64());
+                return ev.sink.done();
+            }
+            Answerer::Whole(request) => request,
+        };
+        let choices: Result<Vec<Value>, String> = gens.iter().enumerate().map(|(i, g)| self.choice(job.reply, &job.prompt, &job.sampling, i, g)).collect();
         let choices = match choices {
             Ok(c) => c,
-            Err(msg) => return fail(job, &msg),
+            Err(msg) => return fail(Job { answer: Answerer::Whole(request), ..job }, &msg),
         };
-        let (id, object) = match job.reply {
-            Reply::Chat => (format!("chatcmpl-{:x}-{:x}", self.created, job.seed), "chat.completion"),
-            Reply::Completion(_) => (format!("cmpl-{:x}-{:x}", self.created, job.seed), "text_completion"),
-        };
+        let id = self.reply_id(job.reply, job.seed);
+        let object = if job.reply == Reply::Chat { "chat.completion" } else { "text_completion" };
         let body = json!({
             "id": id,
             "object": object,
@@ -397,14 +521,14 @@ impl State {
             },
         });
         tracing::info!("{object}: n={} {completion} tokens in {:.2}s", job.n, job.started.elapsed().as_secs_f64());
-        job.request.respond(200, &body);
+        request.respond(200, &body);
     }
 
-    /// Choice `i` of a job's reply.
-    fn choice(&self, job: &Job, i: usize, g: &model::Generation) -> Result<Value, String> {
+    /// Choice `i` of a reply to `prompt` sampled under `sampling`.
+    fn choice(&self, reply: Reply, prompt: &[i64], sampling: &SamplingParams, i: usize, g: &model::Generation) -> Result<Value, String> {
         let text = g.text.clone().unwrap_or_default();
         let finish = g.finish_reason.as_str();
-        let Reply::Completion(format) = job.reply else {
+        let Reply::Completion(format) = reply else {
             return Ok(json!({ "index": i, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "logprobs": null }));
         };
         let mut choice = json!({ "index": i, "text": text, "finish_reason": finish, "logprobs": null });
@@ -421,7 +545,7 @@ impl State {
             };
             // The top k of each position's sampling distribution, from one prefill of the choice.
             let top = if k > 0 {
-                let f = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model::prefill_completion(&self.model, &job.prompt, &g.tokens, &job.sampling, k)))
+                let f = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model::prefill_completion(&self.model, prompt, &g.tokens, sampling, k)))
                     .map_err(|_| "the top-logprobs prefill panicked".to_string())?
                     .map_err(|e| format!("the top-logprobs prefill failed: {e}"))?;
                 f.top
@@ -450,10 +574,18 @@ impl State {
     }
 }
 
-/// Answers a job with HTTP 500 (generation failed).
+/// Answers a job with HTTP 500 (generation failed); a streamed one, answered 200 already, gets
+/// the error as its last chunk before `[DONE]`, as vLLM sends it.
 fn fail(job: Job, msg: &str) {
     tracing::error!("{msg}");
-    job.request.respond(500, &error_body(&ApiError { status: 500, message: msg.to_string() }));
+    let body = error_body(&ApiError { status: 500, message: msg.to_string() });
+    match job.answer {
+        Answerer::Whole(request) => request.respond(500, &body),
+        Answerer::Events(ev) => {
+            ev.sink.send(&body);
+            ev.sink.done();
+        }
+    }
 }
 
 /// Runs the server until the process is stopped.
@@ -526,6 +658,14 @@ mod tests {
         assert_eq!((b.sampling.temperature, b.sampling.top_p, b.sampling.top_k), (0.0, 0.9, 5));
         assert_eq!((b.sampling.max_new_tokens, b.n, b.seed), (64, 3, Some(7)));
         assert_eq!(b.sampling.stop_strings, vec!["\n\n".to_string()]);
+        assert_eq!(b.stream, None);
+        let streamed = |body: &[u8]| parse_chat(body, 64).unwrap().stream;
+        assert_eq!(streamed(br#"{"messages":[{"role":"user","content":"q"}],"stream":true}"#), Some(StreamOptions { include_usage: false }));
+        assert_eq!(
+            streamed(br#"{"messages":[{"role":"user","content":"q"}],"stream":true,"stream_options":{"include_usage":true}}"#),
+            Some(StreamOptions { include_usage: true })
+        );
+        assert_eq!(streamed(br#"{"messages":[{"role":"user","content":"q"}],"stream":false}"#), None);
     }
 
     #[test]
@@ -549,6 +689,8 @@ mod tests {
             (br#"{"prompt":[1],"echo":true}"#, "echo"),
             (br#"{"prompt":[1],"return_tokens_as_token_ids":"yes"}"#, "boolean"),
             (br#"{"prompt":[1],"seed":1.5}"#, "64-bit integer"),
+            (br#"{"prompt":[1],"stream":true,"logprobs":0}"#, "`logprobs` is not supported with stream = true"),
+            (br#"{"prompt":[1],"stream":true,"return_token_ids":true}"#, "`return_token_ids` is not supported with stream"),
         ] {
             let e = parse_completion(body, 16).unwrap_err();
             assert!(e.status == 400 && e.message.contains(want), "{}: {}", String::from_utf8_lossy(body), e.message);
@@ -566,7 +708,9 @@ mod tests {
             (br#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, "temperature"),
             (br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#, "top_p"),
             (br#"{"messages":[{"role":"user","content":"x"}],"n":100}"#, "n = 100"),
-            (br#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#, "stream"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, "`stream` must be a boolean"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#, "only allowed with stream = true"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":1}}"#, "include_usage"),
             (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#, "max_tokens"),
             (br#"{"messages":[{"role":"user","content":{"a":1}}]}"#, "content"),
         ];

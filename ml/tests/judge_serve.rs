@@ -92,8 +92,8 @@ fn serve(model: &Path, name: &str) -> Served {
     Served { child, url }
 }
 
-/// A raw HTTP/1.1 exchange (status, JSON body).
-fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
+/// A raw HTTP/1.1 exchange: status, head and body as sent.
+fn exchange(url: &str, method: &str, path: &str, body: &str) -> (u16, String, String) {
     let addr = url.trim_start_matches("http://").trim_end_matches("/v1");
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -101,8 +101,34 @@ fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let json = text.split_once("\r\n\r\n").map(|(_, b)| serde_json::from_str(b).unwrap()).unwrap();
-    (status, json)
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (status, head.to_string(), body.to_string())
+}
+
+/// A raw HTTP/1.1 exchange (status, JSON body).
+fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let (status, _, body) = exchange(url, method, path, body);
+    (status, serde_json::from_str(&body).unwrap())
+}
+
+/// A raw HTTP/1.1 exchange whose answer is server-sent events: status and each event's data, in
+/// order (the last one `[DONE]`).
+fn raw_events(url: &str, path: &str, body: &str) -> (u16, Vec<String>) {
+    let (status, head, body) = exchange(url, "POST", path, body);
+    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    let mut chunked = body.as_str();
+    // Undo the chunked transfer encoding.
+    let mut stream = String::new();
+    while let Some((size, rest)) = chunked.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        stream.push_str(&rest[..n]);
+        chunked = &rest[n + 2..];
+    }
+    let events = stream.split("\n\n").filter(|e| !e.is_empty()).map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("{e:?}")).to_string()).collect();
+    (status, events)
 }
 
 /// Eval rows from the task's eval problems: even rows state the reference answer, odd rows a wrong one.
@@ -197,6 +223,34 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     .unwrap();
     let (again, _) = client.complete(&ChatRequest { body: body.clone(), label: "again".into() }, &Stats::default()).unwrap();
     assert_eq!(again["choices"], resp["choices"]);
+
+    // Streamed, the same seeded request: each choice's pieces make up its text, its last chunk says
+    // why it ended, and the usage comes last, before `[DONE]`.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({ "include_usage": true });
+    let (status, events) = raw_events(&server.url, "/v1/chat/completions", &streamed.to_string());
+    assert_eq!((status, events.last().map(String::as_str)), (200, Some("[DONE]")), "{events:?}");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let (mut text, mut finish, mut pieces) = (vec![String::new(); 2], vec![Value::Null; 2], 0);
+    for c in &chunks {
+        assert_eq!((c["object"].as_str(), c["model"].as_str(), &c["id"]), (Some("chat.completion.chunk"), Some("tiny-sft"), &chunks[0]["id"]), "{c}");
+        for ch in c["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            assert!(finish[i].is_null(), "choice {i} goes on after its last chunk: {c}");
+            if let Some(t) = ch["delta"]["content"].as_str().filter(|t| !t.is_empty()) {
+                text[i].push_str(t);
+                pieces += 1;
+            }
+            finish[i] = ch["finish_reason"].clone();
+        }
+    }
+    for i in 0..2 {
+        assert_eq!((&json!(text[i]), &finish[i]), (&resp["choices"][i]["message"]["content"], &resp["choices"][i]["finish_reason"]), "choice {i}");
+    }
+    assert_eq!(chunks.last().unwrap()["usage"], resp["usage"]);
+    println!("streamed: {} chunks, {pieces} pieces of text for {} tokens", chunks.len(), resp["usage"]["completion_tokens"]);
+    assert!(pieces > 2, "the text came in pieces as it decoded, not whole at the end: {events:?}");
 
     // The same server through OpenAI's own Python client.
     openai_client_check(&server.url, "tiny-sft");

@@ -32,6 +32,41 @@ again = client.chat.completions.create(model=name, messages=ask, n=2, seed=5, te
 assert [c.message.content for c in again.choices] == [c.message.content for c in chat.choices], "a seeded request samples the same"
 seen["chat"] = [c.message.content for c in chat.choices]
 
+# Streamed through the client's own reader of server-sent events: the chunks of the same seeded
+# request make up the same choices, and the usage comes in the last chunk.
+def streamed(create, **args):
+    text, finish, usage, pieces = {}, {}, None, 0
+    for chunk in create(stream=True, stream_options={"include_usage": True}, **args):
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            piece = c.delta.content if hasattr(c, "delta") else c.text
+            text[c.index] = text.get(c.index, "") + (piece or "")
+            pieces += bool(piece)
+            if c.finish_reason:
+                assert c.index not in finish, f"choice {c.index} ended twice"
+                finish[c.index] = c.finish_reason
+    return [text[i] for i in sorted(text)], [finish[i] for i in sorted(finish)], usage, pieces
+
+text, finish, usage, pieces = streamed(client.chat.completions.create, model=name, messages=ask, n=2, seed=5, temperature=1.0, max_tokens=8)
+assert text == seen["chat"] and finish == [c.finish_reason for c in chat.choices], (text, finish, chat.choices)
+assert usage.completion_tokens == chat.usage.completion_tokens and usage.prompt_tokens == chat.usage.prompt_tokens, (usage, chat.usage)
+seen["chat_stream_pieces"] = pieces
+
+# A streamed completion with a stop string that its text meets: cut where the whole reply is cut.
+# The first seed whose text is long enough to be cut in its middle (seeded: the same every run).
+for seed in range(11, 60):
+    full = client.completions.create(model=name, prompt="Start with", max_tokens=32, temperature=1.0, seed=seed).choices[0].text
+    if len(full.strip()) >= 8:
+        break
+assert len(full.strip()) >= 8, f"no seed gave 8 characters: {full!r}"
+stop = full[len(full) // 2 : len(full) // 2 + 2]
+args = dict(model=name, prompt="Start with", max_tokens=32, temperature=1.0, seed=seed, stop=stop)
+cut = client.completions.create(**args)
+text, finish, usage, _ = streamed(client.completions.create, **args)
+assert text == [cut.choices[0].text] and finish == [cut.choices[0].finish_reason], (text, finish, cut.choices, stop)
+assert finish == ["stop"] and len(text[0]) < len(full) and full.startswith(text[0]), (stop, text, full)
+seen["completion_stream"] = {"seed": seed, "stop": stop, "text": text[0], "whole": full}
+
 # A completion from token ids, with the top-2 logprobs of each sampled token.
 comp = client.completions.create(model=name, prompt=[1, 2, 3, 4], max_tokens=4, temperature=0.0, logprobs=2)
 lp = comp.choices[0].logprobs
@@ -42,7 +77,12 @@ assert all(abs(max(top.values()) - chosen) < 1e-4 for top, chosen in zip(lp.top_
 seen["completion_tokens"] = lp.tokens
 
 # What the server refuses comes back as the client's 400 error, with the server's reason.
-for bad, why in [({"stream": True}, "stream"), ({"n": 99}, "n = 99"), ({"messages": []}, "empty")]:
+try:
+    client.completions.create(model=name, prompt=[1, 2], max_tokens=2, logprobs=1, stream=True)
+    raise AssertionError("logprobs with stream was accepted")
+except openai.BadRequestError as e:
+    assert "not supported with stream" in str(e), str(e)
+for bad, why in [({"n": 99}, "n = 99"), ({"messages": []}, "empty")]:
     args = {"model": name, "messages": ask, "max_tokens": 4, **bad}
     try:
         client.chat.completions.create(**args)
@@ -59,6 +99,20 @@ with ThreadPoolExecutor(16) as pool:
     answers = list(pool.map(one, range(48)))
 assert len(answers) == 48 and all(isinstance(a, str) for a in answers)
 seen["concurrent_answers"] = len(answers)
+
+# Streamed and whole requests at once: every stream ends with a reason and its usage.
+def either(i):
+    args = dict(model=name, messages=[{"role": "user", "content": f"Say {i}."}], max_tokens=6, temperature=0.7, seed=i)
+    if i % 2:
+        return client.chat.completions.create(**args).choices[0].finish_reason
+    _, finish, usage, _ = streamed(client.chat.completions.create, **args)
+    assert len(finish) == 1 and 0 < usage.completion_tokens <= 6, (finish, usage)
+    return finish[0]
+
+with ThreadPoolExecutor(16) as pool:
+    reasons = list(pool.map(either, range(32)))
+assert all(r in ("stop", "length") for r in reasons), reasons
+seen["concurrent_streams"] = 16
 
 # Requests with different sampling params at once: each is decoded under its own (the server
 # runs one params set per session), so none gets more tokens than it asked for.

@@ -947,6 +947,11 @@ pub trait RowFeed {
     /// Called after every read-back, whether or not a slot is free (a server answers what needs
     /// no generation here, so a long decode does not hold it up).
     fn between_reads(&mut self) {}
+    /// Row `id` has these tokens after a read-back and goes on (a server streams their text).
+    /// False stops it: it is [`Self::finished`] with the tokens it has (the client has gone).
+    fn progressed(&mut self, _id: usize, _tokens: &[i64]) -> bool {
+        true
+    }
 }
 
 /// A row for [`RowFeed::next_row`]: prompt ids, the row's seed and its token budget.
@@ -1118,6 +1123,13 @@ fn fed(
                         feed.finished(row, rows.take(row)?);
                         break;
                     }
+                }
+                if slots.occupant[s].is_some() && !feed.progressed(row, &rows.out[row].tokens) {
+                    slots.occupant[s] = None;
+                    slots.streams[s] = None;
+                    decoder.free(s);
+                    rows.progress.rows_done += 1;
+                    feed.finished(row, rows.take(row)?);
                 }
             }
             rows.report();
@@ -1560,11 +1572,16 @@ mod tests {
         reads: usize,
         out: Vec<Option<Generation>>,
         finished_order: Vec<usize>,
+        /// Each row's tokens at each read-back it went on after.
+        progress: Vec<Vec<Vec<i64>>>,
+        /// (row, n): row `row` is stopped once it has at least `n` tokens.
+        stop: Option<(usize, usize)>,
     }
 
     impl LateFeed {
         fn new(prompts: &[Vec<i64>], seeds: &[u64], limits: Vec<usize>, after: Vec<usize>) -> Self {
-            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, reads: 0, out: vec![], finished_order: vec![] }
+            let progress = vec![vec![]; prompts.len()];
+            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, reads: 0, out: vec![], finished_order: vec![], progress, stop: None }
         }
     }
 
@@ -1590,6 +1607,12 @@ mod tests {
 
         fn between_reads(&mut self) {
             self.reads += 1;
+        }
+
+        fn progressed(&mut self, id: usize, tokens: &[i64]) -> bool {
+            assert!(self.out[id].is_none(), "row {id} went on after it finished");
+            self.progress[id].push(tokens.to_vec());
+            self.stop.is_none_or(|(row, n)| row != id || tokens.len() < n)
         }
     }
 
@@ -1629,6 +1652,31 @@ mod tests {
             sorted.sort();
             assert_eq!(sorted, (0..prompts.len()).collect::<Vec<_>>());
             assert_ne!(feed.finished_order, sorted, "T={t}: {:?}", feed.finished_order);
+            // The feed heard each going row's tokens after every read-back (on the CPU, one token
+            // more each time), each a prefix of what the row ends with.
+            for (row, (heard, b)) in feed.progress.iter().zip(&batch).enumerate() {
+                let lens: Vec<usize> = heard.iter().map(Vec::len).collect();
+                let want: Vec<usize> = if row == 5 { vec![] } else { (1..b.tokens.len()).collect() };
+                assert_eq!(lens, want, "T={t} row {row}");
+                assert!(heard.iter().all(|h| b.tokens.starts_with(h)), "T={t} row {row}");
+            }
+            // A row the feed stops (its client gone) ends with the tokens it has; its slot takes
+            // the next row, and every other row samples as before.
+            let stopped = (0..prompts.len()).find(|&r| r != 5 && batch[r].tokens.len() > 3).expect("a row of 4 tokens or more");
+            let mut limits = vec![p.max_new_tokens; prompts.len()];
+            limits[5] = 0;
+            let mut feed = LateFeed::new(&prompts, &seeds, limits, vec![0, 0, 0, 2, 3, 3, 5]);
+            feed.stop = Some((stopped, 2));
+            generate_fed(&m, None, &p, 3, fits, &mut feed).unwrap();
+            for (row, (g, b)) in feed.out.iter().zip(&batch).enumerate() {
+                let g = g.as_ref().unwrap_or_else(|| panic!("T={t}: row {row} never finished"));
+                let want = match row {
+                    5 => &[][..],
+                    r if r == stopped => &b.tokens[..2],
+                    _ => &b.tokens[..],
+                };
+                assert_eq!(g.tokens, want, "T={t} row {row} (row {stopped} stopped)");
+            }
         }
         // A row longer than the session's `fits` is an error naming it, not a cache overrun.
         let p = params(1.0);

@@ -1,6 +1,6 @@
 //! The HTTP side of `rredcot serve`: hyper serves the connections on a small tokio runtime of its
 //! own thread, reads each request whole and hands it to the model thread, which answers it when
-//! its batch is generated.
+//! its batch is generated, or streams the answer as server-sent events while it decodes.
 //!
 //! Every connection is a task of its own, so a client that keeps idle keep-alive connections open
 //! (a pooled HTTP client, as the judge's and OpenAI's are) never holds up another connection's
@@ -8,19 +8,22 @@
 //! connection queued, unread, while every pool thread waited on an idle one: the request "never
 //! reached the server's loop" until some other connection closed.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::mpsc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming as Body};
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming as Body, SizeHint};
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc as events, oneshot};
 
 /// A request read whole, waiting for its answer.
 pub struct Incoming {
@@ -31,13 +34,77 @@ pub struct Incoming {
     pub body: Result<Vec<u8>, String>,
     /// When its last byte arrived.
     pub received: Instant,
-    answer: oneshot::Sender<(u16, String)>,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// What the model thread answers a request with.
+enum Answer {
+    /// Status and a whole JSON body.
+    Whole(u16, String),
+    /// Server-sent events, as the model thread writes them through an [`EventSink`].
+    Events(events::UnboundedReceiver<Bytes>),
 }
 
 impl Incoming {
     /// Answers with a JSON body. The client may be gone (timed out): nothing to do about it.
     pub fn respond(self, status: u16, json: &serde_json::Value) {
-        let _ = self.answer.send((status, json.to_string()));
+        let _ = self.answer.send(Answer::Whole(status, json.to_string()));
+    }
+
+    /// Answers 200 with a stream of server-sent events (`text/event-stream`): the headers go out
+    /// now, each event when it is sent through the returned sink, and the stream ends when the
+    /// sink is dropped.
+    pub fn respond_events(self) -> EventSink {
+        let (tx, rx) = events::unbounded_channel();
+        let _ = self.answer.send(Answer::Events(rx));
+        EventSink { tx }
+    }
+}
+
+/// The model thread's end of a streamed answer.
+pub struct EventSink {
+    tx: events::UnboundedSender<Bytes>,
+}
+
+impl EventSink {
+    /// Sends one event, `data: JSON` (OpenAI's framing); false when the client has gone.
+    pub fn send(&self, json: &serde_json::Value) -> bool {
+        self.tx.send(Bytes::from(format!("data: {json}\n\n"))).is_ok()
+    }
+
+    /// Ends the stream with OpenAI's last event, `data: [DONE]`.
+    pub fn done(self) {
+        let _ = self.tx.send(Bytes::from_static(b"data: [DONE]\n\n"));
+    }
+}
+
+/// A response body: a whole one (its length known, so it goes out with `Content-Length`), or the
+/// events the model thread sends until it drops its sink (chunked).
+enum ReplyBody {
+    Whole(Option<Bytes>),
+    Events(events::UnboundedReceiver<Bytes>),
+}
+
+impl HttpBody for ReplyBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            ReplyBody::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ReplyBody::Events(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, ReplyBody::Whole(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ReplyBody::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            ReplyBody::Events(_) => SizeHint::default(),
+        }
     }
 }
 
@@ -110,7 +177,7 @@ async fn accept_loop(listener: std::net::TcpListener, tx: mpsc::Sender<Incoming>
 }
 
 /// Reads a request's body, hands the request to the model thread and waits for its answer.
-async fn pass_on(req: Request<Body>, tx: mpsc::Sender<Incoming>, max_body: usize) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+async fn pass_on(req: Request<Body>, tx: mpsc::Sender<Incoming>, max_body: usize) -> Result<Response<ReplyBody>, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let body = match Limited::new(req.into_body(), max_body).collect().await {
@@ -119,14 +186,25 @@ async fn pass_on(req: Request<Body>, tx: mpsc::Sender<Incoming>, max_body: usize
     };
     let (answer, answered) = oneshot::channel();
     let sent = tx.send(Incoming { method, path, body, received: Instant::now(), answer });
-    let (status, json) = match (sent, answered.await) {
+    let answer = match (sent, answered.await) {
         (Ok(()), Ok(a)) => a,
         // The model thread is gone (the server is stopping).
-        _ => (503, serde_json::json!({ "error": { "message": "the server is stopping", "type": "server_error", "code": 503 } }).to_string()),
+        _ => Answer::Whole(503, serde_json::json!({ "error": { "message": "the server is stopping", "type": "server_error", "code": 503 } }).to_string()),
     };
-    let mut resp = Response::new(Full::new(Bytes::from(json)));
-    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let resp = match answer {
+        Answer::Whole(status, json) => {
+            let mut resp = Response::new(ReplyBody::Whole(Some(Bytes::from(json))));
+            *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp
+        }
+        Answer::Events(rx) => {
+            let mut resp = Response::new(ReplyBody::Events(rx));
+            resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            resp.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            resp
+        }
+    };
     Ok(resp)
 }
 
@@ -201,6 +279,81 @@ mod tests {
                 assert_eq!(answers, want, "trial {trial}: client {c}");
             }
         }
+    }
+
+    /// Reads a response's status line and headers: (status, lower-cased header lines).
+    fn head(reader: &mut BufReader<TcpStream>) -> (u16, Vec<String>) {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let status = line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            reader.read_line(&mut h).unwrap();
+            if h == "\r\n" || h.is_empty() {
+                return (status, headers);
+            }
+            headers.push(h.trim().to_ascii_lowercase());
+        }
+    }
+
+    /// Reads one chunk of a chunked body (empty: the body ended).
+    fn chunk(reader: &mut BufReader<TcpStream>) -> String {
+        let mut size = String::new();
+        reader.read_line(&mut size).unwrap();
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        let mut b = vec![0; n + 2];
+        reader.read_exact(&mut b).unwrap();
+        String::from_utf8(b[..n].to_vec()).unwrap()
+    }
+
+    /// A streamed answer goes out event by event while the model thread still holds its sink (the
+    /// client reads the first event before the second is written), as `text/event-stream`
+    /// chunks ending with `[DONE]`; once the client has gone, sending says so.
+    #[test]
+    fn events_reach_the_client_as_they_are_sent_and_a_gone_client_is_noticed() {
+        let front = Front::bind("127.0.0.1", 0, 1 << 10).unwrap();
+        let addr = front.addr();
+        let (got_first, first_seen) = mpsc::channel();
+        let client = std::thread::spawn(move || {
+            let stream = TcpStream::connect(addr).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut reader = BufReader::new(stream);
+            write!(reader.get_mut(), "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{{}}").unwrap();
+            let (status, headers) = head(&mut reader);
+            let first = chunk(&mut reader);
+            got_first.send(()).unwrap();
+            let rest: Vec<String> = std::iter::from_fn(|| Some(chunk(&mut reader)).filter(|c| !c.is_empty())).collect();
+            (status, headers, first, rest)
+        });
+        let r = front.recv_timeout(Duration::from_secs(10)).unwrap().expect("the request arrives");
+        let sink = r.respond_events();
+        assert!(sink.send(&serde_json::json!({ "n": 1 })));
+        first_seen.recv_timeout(Duration::from_secs(10)).expect("the first event arrives before the second is sent");
+        assert!(sink.send(&serde_json::json!({ "n": 2 })));
+        sink.done();
+        let (status, headers, first, rest) = client.join().unwrap();
+        assert_eq!(status, 200);
+        assert!(headers.contains(&"content-type: text/event-stream".to_string()) && headers.contains(&"transfer-encoding: chunked".to_string()), "{headers:?}");
+        assert_eq!((first.as_str(), rest), ("data: {\"n\":1}\n\n", vec!["data: {\"n\":2}\n\n".to_string(), "data: [DONE]\n\n".to_string()]));
+
+        // A client that hangs up mid-stream.
+        let client = std::thread::spawn(move || {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{{}}").unwrap();
+            let mut reader = BufReader::new(stream);
+            head(&mut reader);
+            chunk(&mut reader);
+        });
+        let r = front.recv_timeout(Duration::from_secs(10)).unwrap().expect("the request arrives");
+        let sink = r.respond_events();
+        assert!(sink.send(&serde_json::json!({ "n": 1 })));
+        client.join().unwrap();
+        let gone = (0..500).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            !sink.send(&serde_json::json!({ "more": "x".repeat(1000) }))
+        });
+        assert!(gone, "sending to a client that hung up keeps succeeding");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! slot; requests that arrive meanwhile are routed after each read-back (what needs no generation,
 //! such as `/health`, is answered there, even while every slot decodes) and join while they keep
 //! those params and fit the session's cache; each request is answered as soon as its last row
-//! ends. A job with other params (or too long a prompt) waits at the head, and nothing overtakes
+//! ends (a streamed one sends each choice's text after every read-back, and each choice's end as
+//! it ends). A job with other params (or too long a prompt) waits at the head, and nothing overtakes
 //! it: the session drains and the next one starts with it.
 
 use std::collections::VecDeque;
@@ -82,9 +83,16 @@ impl RowFeed for Feed<'_> {
         self.take_arrivals();
     }
 
+    fn progressed(&mut self, id: usize, tokens: &[i64]) -> bool {
+        let (j, choice) = self.rows[id];
+        let r = self.running[j].as_mut().expect("a decoding row's job is not answered");
+        self.state.stream_progress(&mut r.job, choice, tokens)
+    }
+
     fn finished(&mut self, id: usize, g: Generation) {
         let (j, choice) = self.rows[id];
         let r = self.running[j].as_mut().expect("a job is answered after its last row");
+        self.state.stream_end(&mut r.job, choice, &g);
         r.gens[choice] = Some(g);
         if r.gens.iter().all(Option::is_some) {
             let r = self.running[j].take().expect("running");
