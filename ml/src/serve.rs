@@ -323,6 +323,17 @@ enum Answerer {
     Events(Events),
 }
 
+impl Job {
+    /// Whether the client has gone (its connection closed: a timeout, a stopped stream): there
+    /// is no one to decode for.
+    fn client_gone(&self) -> bool {
+        match &self.answer {
+            Answerer::Whole(request) => request.is_gone(),
+            Answerer::Events(ev) => ev.gone || ev.sink.is_gone(),
+        }
+    }
+}
+
 /// A streamed job's sink, its chunks' builder, each choice's text, and whether the client has
 /// gone (a send failed).
 struct Events {
@@ -459,10 +470,17 @@ impl State {
         Job { answer, reply: p.reply, prompt: p.prompt, sampling: p.sampling, n: p.n, seed: p.seed, started }
     }
 
-    /// Choice `choice` of a streamed job has `tokens` so far: sends the text they add. False when
-    /// the client has gone, so the choice stops decoding.
-    fn stream_progress(&self, job: &mut Job, choice: usize, tokens: &[i64]) -> bool {
-        let Answerer::Events(ev) = &mut job.answer else { return true };
+    /// Choice `choice` of a job has `tokens` so far: a streamed job sends the text they add.
+    /// False when the job's client has gone, so the choice stops decoding.
+    fn progressed(&self, job: &mut Job, choice: usize, tokens: &[i64]) -> bool {
+        let ev = match &mut job.answer {
+            Answerer::Whole(request) => return !request.is_gone(),
+            Answerer::Events(ev) if ev.gone || ev.sink.is_gone() => {
+                ev.gone = true;
+                return false;
+            }
+            Answerer::Events(ev) => ev,
+        };
         let stops = &job.sampling.stop_strings;
         let hold = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0).saturating_sub(1);
         match ev.texts[choice].advance(&self.tok, tokens, hold, stops) {
@@ -490,12 +508,13 @@ impl State {
     /// sent its choices already and ends with the usage (if asked for) and `[DONE]`.
     fn answer(&self, job: Job, gens: Vec<model::Generation>) {
         let completion: usize = gens.iter().map(|g| g.tokens.len()).sum();
+        let gone = job.client_gone();
         let request = match job.answer {
             Answerer::Events(ev) => {
                 if ev.chunks.include_usage {
                     ev.sink.send(&ev.chunks.usage(job.prompt.len(), completion));
                 }
-                let how = if ev.gone { "streamed until the client went away" } else { "streamed" };
+                let how = if gone { "streamed until the client went away" } else { "streamed" };
                 tracing::info!("{} ({how}): n={} {completion} tokens in {:.2}s", ev.chunks.id, job.n, job.started.elapsed().as_secs_f64());
                 return ev.sink.done();
             }
@@ -508,6 +527,9 @@ impl State {
         };
         let id = self.reply_id(job.reply, job.seed);
         let object = if job.reply == Reply::Chat { "chat.completion" } else { "text_completion" };
+        if gone {
+            return tracing::info!("{object}: n={} {completion} tokens in {:.2}s; not sent, the client went away", job.n, job.started.elapsed().as_secs_f64());
+        }
         let body = json!({
             "id": id,
             "object": object,

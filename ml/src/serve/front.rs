@@ -51,6 +51,12 @@ impl Incoming {
         let _ = self.answer.send(Answer::Whole(status, json.to_string()));
     }
 
+    /// Whether the client has gone: its connection closed before the answer (hyper drops a
+    /// request's task when its connection closes, and with it the answer's receiver).
+    pub fn is_gone(&self) -> bool {
+        self.answer.is_closed()
+    }
+
     /// Answers 200 with a stream of server-sent events (`text/event-stream`): the headers go out
     /// now, each event when it is sent through the returned sink, and the stream ends when the
     /// sink is dropped.
@@ -70,6 +76,11 @@ impl EventSink {
     /// Sends one event, `data: JSON` (OpenAI's framing); false when the client has gone.
     pub fn send(&self, json: &serde_json::Value) -> bool {
         self.tx.send(Bytes::from(format!("data: {json}\n\n"))).is_ok()
+    }
+
+    /// Whether the client has gone (its connection closed).
+    pub fn is_gone(&self) -> bool {
+        self.tx.is_closed()
     }
 
     /// Ends the stream with OpenAI's last event, `data: [DONE]`.
@@ -354,6 +365,30 @@ mod tests {
             !sink.send(&serde_json::json!({ "more": "x".repeat(1000) }))
         });
         assert!(gone, "sending to a client that hung up keeps succeeding");
+    }
+
+    /// A client that closes its connection while its request waits for an answer (a timeout) is
+    /// seen gone, so its rows stop decoding; one that waits is not.
+    #[test]
+    fn a_request_whose_client_hung_up_is_seen_gone() {
+        let front = Front::bind("127.0.0.1", 0, 1 << 10).unwrap();
+        let addr = front.addr();
+        let ask = || {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{{}}").unwrap();
+            stream
+        };
+        let (waiting, leaving) = (ask(), ask());
+        let a = front.recv_timeout(Duration::from_secs(10)).unwrap().expect("a request arrives");
+        let b = front.recv_timeout(Duration::from_secs(10)).unwrap().expect("a request arrives");
+        assert!(!a.is_gone() && !b.is_gone());
+        drop(leaving);
+        let t = Instant::now();
+        while !(a.is_gone() || b.is_gone()) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(a.is_gone() != b.is_gone(), "exactly the request whose client hung up is gone");
+        drop(waiting);
     }
 
     #[test]

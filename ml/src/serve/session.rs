@@ -4,7 +4,8 @@
 //! such as `/health`, is answered there, even while every slot decodes) and join while they keep
 //! those params and fit the session's cache; each request is answered as soon as its last row
 //! ends (a streamed one sends each choice's text after every read-back, and each choice's end as
-//! it ends). A job with other params (or too long a prompt) waits at the head, and nothing overtakes
+//! it ends). A job whose client has gone (a timeout, a stopped stream) stops decoding at the next
+//! read-back, or is dropped while it waits. A job with other params (or too long a prompt) waits at the head, and nothing overtakes
 //! it: the session drains and the next one starts with it.
 
 use std::collections::VecDeque;
@@ -43,11 +44,12 @@ struct Feed<'a> {
 
 impl Feed<'_> {
     /// Routes the requests that came since the last look (what needs no generation is answered
-    /// at once).
+    /// at once), and drops the waiting ones whose client has gone.
     fn take_arrivals(&mut self) {
         while let Ok(Some(r)) = self.front.recv_timeout(Duration::ZERO) {
             self.queue.extend(self.state.route(r));
         }
+        drop_gone(self.queue);
     }
 
     /// Whether the job at the head of the queue can join the session.
@@ -86,7 +88,7 @@ impl RowFeed for Feed<'_> {
     fn progressed(&mut self, id: usize, tokens: &[i64]) -> bool {
         let (j, choice) = self.rows[id];
         let r = self.running[j].as_mut().expect("a decoding row's job is not answered");
-        self.state.stream_progress(&mut r.job, choice, tokens)
+        self.state.progressed(&mut r.job, choice, tokens)
     }
 
     fn finished(&mut self, id: usize, g: Generation) {
@@ -102,9 +104,19 @@ impl RowFeed for Feed<'_> {
     }
 }
 
+/// Drops the waiting jobs whose client has gone (a timed-out or stopped request is not decoded).
+fn drop_gone(queue: &mut VecDeque<Job>) {
+    let before = queue.len();
+    queue.retain(|j| !j.client_gone());
+    if queue.len() < before {
+        tracing::info!("{} waiting request(s) dropped: the client went away", before - queue.len());
+    }
+}
+
 /// Runs one session from the head of `queue` until no row decodes and no waiting job can join.
 /// If generation fails, every job of the session not yet answered gets HTTP 500.
 pub(super) fn run(state: &State, front: &Front, queue: &mut VecDeque<Job>) {
+    drop_gone(queue);
     let Some(head) = queue.front() else { return };
     let sampling = head.sampling.clone();
     let context = state.model.cfg.max_position_embeddings as usize;
