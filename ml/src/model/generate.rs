@@ -873,27 +873,43 @@ impl Slots for EagerSlots<'_> {
 
     fn steps(&mut self, u: &Tensor, n: usize) -> Result<Vec<Tensor>> {
         let (model, dev) = (self.model, self.model.device());
-        let b = self.column.len() as i64;
-        // Free slots stay at their column (they write there, unread by any live row).
-        let advance: Vec<i64> = self.live.iter().map(|&l| l as i64).collect();
+        let slots = self.column.len() as i64;
+        // Only the slots from the first live one to the last are stepped (a lone request on a
+        // server's 16 slots, or the tail of a rollout, does not pay for the free ones around
+        // it); free slots inside that range stay at their column (they write there, unread by
+        // any live row).
+        let first = self.live.iter().position(|&l| l).unwrap_or(0);
+        let last = self.live.iter().rposition(|&l| l).unwrap_or(0);
+        let (lo, b) = (first as i64, (last - first + 1) as i64);
+        let advance: Vec<i64> = self.live[first..=last].iter().map(|&l| l as i64).collect();
         let advance = Tensor::from_slice(&advance).to_device(dev);
-        let mut cols = Tensor::from_slice(&self.column).to_device(dev);
-        let keys_from = (0..self.column.len()).filter(|&s| self.live[s]).map(|s| self.column[s]).max().unwrap_or(0);
+        let mut cols = Tensor::from_slice(&self.column[first..=last]).to_device(dev);
+        let keys_from = (first..=last).filter(|&s| self.live[s]).map(|s| self.column[s]).max().unwrap_or(0);
+        let mut cache = self.cache.rows_view(lo, b);
+        let mut logits = self.logits.narrow(0, lo, b);
         let mut records = Vec::with_capacity(n);
         for j in 0..n {
-            let (rec, tok) = sample_record(&self.logits, self.p, &u.get(j as i64));
-            records.push(rec);
+            let (rec, tok) = sample_record(&logits, self.p, &u.get(j as i64).narrow(0, lo, b));
+            // Every slot's row of the record, as the caller reads it.
+            records.push(if b == slots {
+                rec
+            } else {
+                let full = Tensor::zeros([slots, 4], (rec.kind(), dev));
+                full.narrow(0, lo, b).copy_(&rec);
+                full
+            });
             // Slot s sees its columns 0..=cols[s]: its prompt, its tokens, this one.
             let read = keys_from + j as i64 + 1;
             let keys = Tensor::arange(read, (Kind::Int64, dev)).view([1, 1, 1, read]);
             let hidden = keys.gt_tensor(&cols.view([b, 1, 1, 1]));
             let bias = Tensor::zeros([b, 1, 1, read], (model.kind(), dev)).masked_fill(&hidden, MASKED);
-            self.cache.write_rows_at(&cols, read);
-            let h = model.hidden_decode(&tok.unsqueeze(-1), &cols.unsqueeze(-1), &AttnMask::Bias(bias), Some(&mut self.cache), self.fused.as_deref());
-            self.logits = model.logits(&h.squeeze_dim(1));
+            cache.write_rows_at(&cols, read);
+            let h = model.hidden_decode(&tok.unsqueeze(-1), &cols.unsqueeze(-1), &AttnMask::Bias(bias), Some(&mut cache), self.fused.as_deref());
+            logits = model.logits(&h.squeeze_dim(1));
             // A new tensor: the cache's write index still views the old one.
             cols = &cols + &advance;
         }
+        self.logits.narrow(0, lo, b).copy_(&logits);
         for (c, &l) in self.column.iter_mut().zip(&self.live) {
             *c += if l { n as i64 } else { 0 };
         }

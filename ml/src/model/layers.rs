@@ -314,6 +314,18 @@ impl KvCache {
         KvCache { layers }
     }
 
+    /// Rows `start..start + len` of this cache as a cache of their own that writes into this
+    /// one's buffers (views, not copies), with nothing cached: for a forward that writes each
+    /// row's columns itself ([`Self::write_rows_at`]).
+    pub fn rows_view(&self, start: i64, len: i64) -> KvCache {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| LayerKv { k: l.k.narrow(0, start, len), v: l.v.narrow(0, start, len), len: 0, rows_at: None })
+            .collect();
+        KvCache { layers }
+    }
+
     /// Makes the next forward (one new token per row) write row `b`'s keys and values at
     /// column `columns[b]` (`[B]` int64, on the cache's device) and attend over the first
     /// `read` columns, so rows of different lengths share one batch without padding between
