@@ -3,13 +3,14 @@
 //!
 //! Endpoints: `POST /v1/chat/completions` (`messages`, `temperature`, `top_p`, `top_k`,
 //! `max_tokens` / `max_completion_tokens`, `n`, `seed`, `stop`, `stop_token_ids`, `stream`,
-//! `stream_options.include_usage`), `POST /v1/completions` (the same, with `prompt` as a string or
+//! `stream_options.include_usage`, `logprobs` + `top_logprobs`), `POST /v1/completions` (the same, with `prompt` as a string or
 //! a list of token ids, plus `logprobs` = how many top tokens per position,
 //! `return_tokens_as_token_ids` (tokens as `"token_id:123"`, as vLLM writes them) and
 //! `return_token_ids` (each choice's `token_ids`); those three not with `stream`),
 //! `GET /v1/models`, `GET /version`, `GET /health`. Responses have OpenAI's shapes; a streamed one
 //! is OpenAI's server-sent chunks ([`stream`]); a bad request gets HTTP 400 with an OpenAI-style
-//! `{"error": {...}}` body, never a crash.
+//! `{"error": {...}}` body, never a crash, and so does a field this server would have to ignore
+//! (penalties, `logit_bias`, tools, a JSON `response_format`: [`refuse_unsupported`]).
 //!
 //! A completion's `token_logprobs` are those the sampler drew from (softmax(logits / T) after
 //! top-k and top-p, as the built-in rollout records them); its `top_logprobs` come from one
@@ -74,6 +75,8 @@ pub struct ChatBody {
     pub n: usize,
     pub seed: Option<u64>,
     pub stream: Option<StreamOptions>,
+    /// `logprobs` / `top_logprobs`: `None` = no logprobs; `Some(k)` = each token's and its top k.
+    pub logprobs: Option<usize>,
 }
 
 /// The text of a message's `content`: a string, or an array of `{type: "text", text}` parts.
@@ -114,7 +117,48 @@ pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiErr
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
-    Ok(ChatBody { messages, sampling, n, seed, stream: parse_stream(&obj)? })
+    let stream = parse_stream(&obj)?;
+    let logprobs = match obj.get("logprobs") {
+        None | Some(Value::Null) => false,
+        Some(v) => v.as_bool().ok_or_else(|| bad("`logprobs` must be a boolean"))?,
+    };
+    let top = match obj.get("top_logprobs") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(k) if k as usize <= MAX_LOGPROBS => Some(k as usize),
+            _ => return Err(bad(format!("`top_logprobs` must be an integer in 0..={MAX_LOGPROBS}"))),
+        },
+    };
+    if top.is_some() && !logprobs {
+        return Err(bad("`top_logprobs` needs logprobs = true"));
+    }
+    let logprobs = logprobs.then(|| top.unwrap_or(0));
+    if logprobs.is_some() && stream.is_some() {
+        return Err(bad("`logprobs` is not supported with stream = true"));
+    }
+    Ok(ChatBody { messages, sampling, n, seed, stream, logprobs })
+}
+
+/// Request fields that would change what is generated or how, which this server does not do:
+/// refused (400) unless they hold their do-nothing value, rather than silently ignored.
+fn refuse_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let inert = |name: &str, v: &Value| match name {
+        "presence_penalty" | "frequency_penalty" | "min_p" => v.as_f64() == Some(0.0),
+        "repetition_penalty" => v.as_f64() == Some(1.0),
+        "logit_bias" => v.as_object().is_some_and(|o| o.is_empty()),
+        "tools" | "functions" => v.as_array().is_some_and(|a| a.is_empty()),
+        "tool_choice" | "function_call" => v.as_str() == Some("none"),
+        "response_format" => v.get("type").and_then(Value::as_str) == Some("text"),
+        "suffix" => v.as_str() == Some(""),
+        "guided_json" | "guided_regex" | "guided_choice" | "guided_grammar" => false,
+        _ => true,
+    };
+    for (name, v) in obj {
+        if !v.is_null() && !inert(name, v) {
+            return Err(bad(format!("`{name}` is not supported by rredcot serve")));
+        }
+    }
+    Ok(())
 }
 
 /// A request body as a JSON object.
@@ -150,6 +194,7 @@ fn parse_stream(obj: &serde_json::Map<String, Value>) -> Result<Option<StreamOpt
 
 /// The sampling fields both endpoints share: params, `n` and `seed`.
 fn parse_sampling(obj: &serde_json::Map<String, Value>, max_new_tokens: usize) -> Result<(SamplingParams, usize, Option<u64>), ApiError> {
+    refuse_unsupported(obj)?;
     let num = |name: &str, default: f64| -> Result<f64, ApiError> {
         match obj.get(name) {
             None | Some(Value::Null) => Ok(default),
@@ -299,10 +344,11 @@ pub fn parse_completion(body: &[u8], max_new_tokens: usize) -> Result<Completion
     Ok(CompletionBody { prompt, sampling, n, seed, format, stream })
 }
 
-/// What a request is answered with.
+/// What a request is answered with: a chat message (with each token's logprob and its top k when
+/// `Some(k)`), or a completion.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Reply {
-    Chat,
+    Chat(Option<usize>),
     Completion(CompletionFormat),
 }
 
@@ -376,7 +422,8 @@ impl State {
         match (method, path.as_str()) {
             (Method::GET, "/v1/models") => {
                 let body = json!({ "object": "list", "data": [
-                    { "id": self.name, "object": "model", "created": self.created, "owned_by": "rredcot" }
+                    { "id": self.name, "object": "model", "created": self.created, "owned_by": "rredcot", "root": self.name, "parent": null,
+                      "max_model_len": self.model.cfg.max_position_embeddings }
                 ]});
                 req.respond(200, &body);
             }
@@ -410,7 +457,7 @@ impl State {
     fn prepare(&self, body: &[u8]) -> Result<Prepared, ApiError> {
         let chat = parse_chat(body, self.max_new_tokens)?;
         let prompt = self.tok.encode_chat(&chat.messages, true).map_err(|e| bad(format!("tokenizing the messages: {e}")))?;
-        self.admit(Reply::Chat, prompt, chat.sampling, chat.n, chat.seed, chat.stream)
+        self.admit(Reply::Chat(chat.logprobs), prompt, chat.sampling, chat.n, chat.seed, chat.stream)
     }
 
     /// [`State::prepare`] for a `/v1/completions` body.
@@ -445,7 +492,7 @@ impl State {
     /// The reply's id: the same in every chunk of a streamed one.
     fn reply_id(&self, reply: Reply, seed: u64) -> String {
         match reply {
-            Reply::Chat => format!("chatcmpl-{:x}-{seed:x}", self.created),
+            Reply::Chat(_) => format!("chatcmpl-{:x}-{seed:x}", self.created),
             Reply::Completion(_) => format!("cmpl-{:x}-{seed:x}", self.created),
         }
     }
@@ -456,7 +503,7 @@ impl State {
         let answer = match p.stream {
             None => Answerer::Whole(req),
             Some(opts) => {
-                let chat = p.reply == Reply::Chat;
+                let chat = matches!(p.reply, Reply::Chat(_));
                 let chunks = Chunks { id: self.reply_id(p.reply, p.seed), created: now_s(), model: self.name.clone(), chat, include_usage: opts.include_usage };
                 let sink = req.respond_events();
                 if chat {
@@ -526,7 +573,7 @@ impl State {
             Err(msg) => return fail(Job { answer: Answerer::Whole(request), ..job }, &msg),
         };
         let id = self.reply_id(job.reply, job.seed);
-        let object = if job.reply == Reply::Chat { "chat.completion" } else { "text_completion" };
+        let object = if matches!(job.reply, Reply::Chat(_)) { "chat.completion" } else { "text_completion" };
         if gone {
             return tracing::info!("{object}: n={} {completion} tokens in {:.2}s; not sent, the client went away", job.n, job.started.elapsed().as_secs_f64());
         }
@@ -546,12 +593,50 @@ impl State {
         request.respond(200, &body);
     }
 
+    /// The top `k` tokens (id, logprob) of each position of a choice under the distribution it
+    /// was sampled from, from one prefill of the choice (none when `k` = 0).
+    fn top_logprobs(&self, prompt: &[i64], sampling: &SamplingParams, g: &model::Generation, k: usize) -> Result<Vec<Vec<(i64, f32)>>, String> {
+        if k == 0 {
+            return Ok(vec![Vec::new(); g.tokens.len()]);
+        }
+        let f = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model::prefill_completion(&self.model, prompt, &g.tokens, sampling, k)))
+            .map_err(|_| "the top-logprobs prefill panicked".to_string())?
+            .map_err(|e| format!("the top-logprobs prefill failed: {e}"))?;
+        Ok(f.top)
+    }
+
+    /// A chat choice's `logprobs` in OpenAI's shape: every sampled token (the stop token too) with
+    /// the logprob it was drawn with and the top `k` of its position. `bytes` is null: a
+    /// byte-level token may be part of a character, which its decoded text does not show.
+    fn chat_logprobs(&self, prompt: &[i64], sampling: &SamplingParams, g: &model::Generation, k: usize) -> Result<Value, String> {
+        let name = |t: i64| self.tok.decode(&[t], false).map_err(|e| format!("decoding token {t}: {e}"));
+        let top = self.top_logprobs(prompt, sampling, g, k)?;
+        let content = g
+            .tokens
+            .iter()
+            .zip(&g.logprobs)
+            .zip(&top)
+            .map(|((&t, &lp), pos)| {
+                let top: Vec<Value> = pos.iter().map(|&(u, l)| Ok(json!({ "token": name(u)?, "logprob": l, "bytes": null }))).collect::<Result<_, String>>()?;
+                Ok(json!({ "token": name(t)?, "logprob": lp, "bytes": null, "top_logprobs": top }))
+            })
+            .collect::<Result<Vec<Value>, String>>()?;
+        Ok(json!({ "content": content, "refusal": null }))
+    }
+
     /// Choice `i` of a reply to `prompt` sampled under `sampling`.
     fn choice(&self, reply: Reply, prompt: &[i64], sampling: &SamplingParams, i: usize, g: &model::Generation) -> Result<Value, String> {
         let text = g.text.clone().unwrap_or_default();
         let finish = g.finish_reason.as_str();
-        let Reply::Completion(format) = reply else {
-            return Ok(json!({ "index": i, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "logprobs": null }));
+        let format = match reply {
+            Reply::Completion(format) => format,
+            Reply::Chat(logprobs) => {
+                let logprobs = match logprobs {
+                    Some(k) => self.chat_logprobs(prompt, sampling, g, k)?,
+                    None => Value::Null,
+                };
+                return Ok(json!({ "index": i, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "logprobs": logprobs }));
+            }
         };
         let mut choice = json!({ "index": i, "text": text, "finish_reason": finish, "logprobs": null });
         if format.return_ids {
@@ -565,15 +650,7 @@ impl State {
                     self.tok.decode(&[t], false).map_err(|e| format!("decoding token {t}: {e}"))
                 }
             };
-            // The top k of each position's sampling distribution, from one prefill of the choice.
-            let top = if k > 0 {
-                let f = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model::prefill_completion(&self.model, prompt, &g.tokens, sampling, k)))
-                    .map_err(|_| "the top-logprobs prefill panicked".to_string())?
-                    .map_err(|e| format!("the top-logprobs prefill failed: {e}"))?;
-                f.top
-            } else {
-                vec![Vec::new(); g.tokens.len()]
-            };
+            let top = self.top_logprobs(prompt, sampling, g, k)?;
             let tokens: Vec<String> = g.tokens.iter().map(|&t| name(t)).collect::<Result<_, _>>()?;
             let mut offsets = Vec::with_capacity(tokens.len());
             let mut at = 0usize;
@@ -688,6 +765,14 @@ mod tests {
             Some(StreamOptions { include_usage: true })
         );
         assert_eq!(streamed(br#"{"messages":[{"role":"user","content":"q"}],"stream":false}"#), None);
+        let logprobs = |body: &[u8]| parse_chat(body, 64).unwrap().logprobs;
+        assert_eq!(logprobs(br#"{"messages":[{"role":"user","content":"q"}]}"#), None);
+        assert_eq!(logprobs(br#"{"messages":[{"role":"user","content":"q"}],"logprobs":true}"#), Some(0));
+        assert_eq!(logprobs(br#"{"messages":[{"role":"user","content":"q"}],"logprobs":true,"top_logprobs":3}"#), Some(3));
+        // Fields at their do-nothing values are accepted (clients send them so).
+        let inert = br#"{"messages":[{"role":"user","content":"q"}],"presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},
+                         "tools":[],"tool_choice":"none","response_format":{"type":"text"},"user":"u","min_p":0,"repetition_penalty":1}"#;
+        assert!(parse_chat(inert, 64).is_ok());
     }
 
     #[test]
@@ -735,6 +820,17 @@ mod tests {
             (br#"{"messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":1}}"#, "include_usage"),
             (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#, "max_tokens"),
             (br#"{"messages":[{"role":"user","content":{"a":1}}]}"#, "content"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":1}"#, "`logprobs` must be a boolean"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, "needs logprobs = true"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}"#, "top_logprobs"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"stream":true}"#, "not supported with stream"),
+            // What would change the generation and is not done here is refused, not ignored.
+            (br#"{"messages":[{"role":"user","content":"x"}],"presence_penalty":0.5}"#, "`presence_penalty` is not supported"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"repetition_penalty":1.1}"#, "`repetition_penalty`"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":-100}}"#, "`logit_bias`"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}"#, "`tools`"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#, "`response_format`"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"guided_json":{}}"#, "`guided_json`"),
         ];
         for (body, want) in cases {
             let e = parse_chat(body, 16).unwrap_err();

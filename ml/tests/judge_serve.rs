@@ -196,6 +196,7 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     // The OpenAI endpoints.
     let (status, models) = raw(&server.url, "GET", "/v1/models", "");
     assert_eq!((status, models["object"].as_str(), models["data"][0]["id"].as_str()), (200, Some("list"), Some("tiny-sft")));
+    assert!(models["data"][0]["max_model_len"].as_u64().is_some_and(|n| n >= 64), "vLLM's max_model_len: {models}");
     let (status, err) = raw(&server.url, "POST", "/v1/chat/completions", "{\"messages\": [");
     assert_eq!(status, 400);
     assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");

@@ -32,6 +32,15 @@ again = client.chat.completions.create(model=name, messages=ask, n=2, seed=5, te
 assert [c.message.content for c in again.choices] == [c.message.content for c in chat.choices], "a seeded request samples the same"
 seen["chat"] = [c.message.content for c in chat.choices]
 
+# A greedy chat with each token's logprob and its top 2, read through the client's own types.
+lc = client.chat.completions.create(model=name, messages=ask, max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=2)
+content = lc.choices[0].logprobs.content
+assert len(content) == lc.usage.completion_tokens, (len(content), lc.usage)
+assert all(len(t.top_logprobs) == 2 and t.logprob <= 0.0 for t in content), content
+assert all(abs(t.top_logprobs[0].logprob - t.logprob) < 1e-4 and t.top_logprobs[0].token == t.token for t in content), content
+assert "".join(t.token for t in content).startswith(lc.choices[0].message.content), (content, lc.choices[0].message.content)
+seen["chat_logprob_tokens"] = [t.token for t in content]
+
 # Streamed through the client's own reader of server-sent events: the chunks of the same seeded
 # request make up the same choices, and the usage comes in the last chunk.
 def streamed(create, **args):
@@ -82,7 +91,7 @@ try:
     raise AssertionError("logprobs with stream was accepted")
 except openai.BadRequestError as e:
     assert "not supported with stream" in str(e), str(e)
-for bad, why in [({"n": 99}, "n = 99"), ({"messages": []}, "empty")]:
+for bad, why in [({"n": 99}, "n = 99"), ({"messages": []}, "empty"), ({"presence_penalty": 0.5}, "`presence_penalty` is not supported")]:
     args = {"model": name, "messages": ask, "max_tokens": 4, **bad}
     try:
         client.chat.completions.create(**args)
