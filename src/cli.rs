@@ -61,16 +61,24 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Serve a checkpoint over an OpenAI-compatible API (`/v1/chat/completions`, `/v1/models`).
+    /// Serve a checkpoint over an OpenAI-compatible API (`/v1/chat/completions`, `/v1/completions`,
+    /// `/v1/models`): a checkpoint directory or GGUF file, or with `--pipeline` a stage's
+    /// checkpoint in the store.
     Serve(ServeArgs),
 }
 
 /// `rredcot serve`: run by `rredcot-worker` (the model core links libtorch); `rredcot` hands over.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
-    /// Checkpoint directory (Hugging Face layout with tokenizer.json) or a GGUF file.
+    /// Checkpoint directory (Hugging Face layout with tokenizer.json) or a GGUF file; with
+    /// `--pipeline`, a stage's checkpoint output: `STAGE` or `STAGE.OUTPUT` (`sft`,
+    /// `rredcot.update[9]`, `rredcot.update[9].policy`).
     #[arg(long)]
     pub model: PathBuf,
+    /// A pipeline file: `--model` names one of its stages, served from the store once that stage
+    /// is up to date (the model id defaults to `STAGE.OUTPUT`).
+    #[arg(long)]
+    pub pipeline: Option<PathBuf>,
     /// Address to listen on; loopback by default (there is no authentication).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -96,6 +104,31 @@ pub struct ServeArgs {
     /// libtorch CPU threads (0 = its default).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+}
+
+impl ServeArgs {
+    /// The command line that gives these args to `serve` (the worker's, after a hand-over).
+    fn command_line(&self) -> Vec<std::ffi::OsString> {
+        let mut a: Vec<std::ffi::OsString> = vec!["serve".into(), "--model".into(), self.model.clone().into_os_string()];
+        if let Some(p) = &self.pipeline {
+            a.extend(["--pipeline".into(), p.clone().into_os_string()]);
+        }
+        if let Some(n) = &self.model_name {
+            a.extend(["--model-name".into(), n.into()]);
+        }
+        for (flag, v) in [
+            ("--host", self.host.clone()),
+            ("--port", self.port.to_string()),
+            ("--device", self.device.clone()),
+            ("--dtype", self.dtype.clone()),
+            ("--max-new-tokens", self.max_new_tokens.to_string()),
+            ("--max-batch", self.max_batch.to_string()),
+            ("--threads", self.threads.to_string()),
+        ] {
+            a.extend([flag.into(), v.into()]);
+        }
+        a
+    }
 }
 
 /// What runs `serve` in this binary (`None` in `rredcot`, which hands over to `rredcot-worker`).
@@ -260,11 +293,11 @@ fn load(args: &PlanArgs, rt: &Runtime) -> Result<Plan> {
     Ok(load_plan(&args.pipeline, &sets, rt.catalog)?)
 }
 
-/// Replaces this process by the worker binary `w` with the same arguments.
-fn exec_worker(w: std::path::PathBuf) -> Result<i32> {
+/// Replaces this process by the worker binary `w` with `args`.
+fn exec_worker(w: std::path::PathBuf, args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<i32> {
     use std::os::unix::process::CommandExt;
     let err = std::process::Command::new(&w)
-        .args(std::env::args_os().skip(1))
+        .args(args)
         .exec();
     bail!("cannot exec {}: {err}", w.display())
 }
@@ -272,10 +305,19 @@ fn exec_worker(w: std::path::PathBuf) -> Result<i32> {
 fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
     let root = store_root(&cli.store);
     match cli.cmd {
-        Cmd::Serve(args) => match serve {
-            Some(f) => f(&args).map(|()| 0),
-            None => exec_worker(Programs::of(rt).worker("`rredcot serve`").map_err(anyhow::Error::msg)?),
-        },
+        Cmd::Serve(mut args) => {
+            if let Some(file) = args.pipeline.take() {
+                let p = load_plan(&file, &[], rt.catalog)?;
+                let stage = args.model.to_string_lossy().to_string();
+                let (dir, name) = served_checkpoint(&p, &root, &stage)?;
+                args.model = dir;
+                args.model_name.get_or_insert(name);
+            }
+            match serve {
+                Some(f) => f(&args).map(|()| 0),
+                None => exec_worker(Programs::of(rt).worker("`rredcot serve`").map_err(anyhow::Error::msg)?, args.command_line()),
+            }
+        }
         Cmd::Pipeline(PipelineCmd::Run {
             plan,
             until,
@@ -428,7 +470,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             // are passed on to its process group and nothing is committed.
             signals::install_handlers(false);
             match exec_instance(&store, &key, rt, force)? {
-                ExecOutcome::NeedsWorker(w) => exec_worker(w),
+                ExecOutcome::NeedsWorker(w) => exec_worker(w, std::env::args_os().skip(1)),
                 done => {
                     eprintln!("{}", done.summary());
                     Ok(0)
@@ -638,6 +680,50 @@ fn committed(
 
 /// Copies the `report` output of stage `stage` into `out` (replacing what was there) and returns
 /// its results.md.
+/// `serve --pipeline P --model SPEC`: the checkpoint directory of stage output `SPEC` (`STAGE`,
+/// whose one checkpoint output is meant, or `STAGE.OUTPUT`) in the store, and the model id
+/// `STAGE.OUTPUT`. The stage must be up to date, as `report` requires.
+fn served_checkpoint(p: &Plan, root: &Path, spec: &str) -> Result<(PathBuf, String)> {
+    let find = |name: &str| p.nodes.iter().position(|n| n.name == name);
+    let (i, output) = match find(spec) {
+        Some(i) => (i, None),
+        None => match spec.rsplit_once('.').and_then(|(s, o)| Some((find(s)?, o))) {
+            Some((i, o)) => (i, Some(o.to_string())),
+            None => bail!("{}", no_stage(spec, &p.file, &p.stage_names())),
+        },
+    };
+    let n = &p.nodes[i];
+    let checkpoints: Vec<&str> = n.kind.outputs.iter().filter(|(_, s)| s.name == "checkpoint").map(|(k, _)| k.as_str()).collect();
+    let output = match (output, checkpoints.as_slice()) {
+        (Some(o), _) if checkpoints.contains(&o.as_str()) => o,
+        (Some(o), _) => bail!("stage `{}` ({}) has no checkpoint output `{o}` (its checkpoint outputs: {})", n.name, n.kind.name, list_or_none(&checkpoints)),
+        (None, [one]) => one.to_string(),
+        (None, []) => bail!("stage `{}` ({}) has no checkpoint output to serve", n.name, n.kind.name),
+        (None, many) => bail!("stage `{}` has several checkpoint outputs: name one as `{}.OUTPUT` ({})", n.name, n.name, many.join(", ")),
+    };
+    let store = Store::existing(root)?;
+    let rec = up_to_date(p, &store, i)?;
+    Ok((store.outputs_dir(&rec.key).join(&output), format!("{}.{output}", n.name)))
+}
+
+/// The run record of node `i` if it is committed with its current inputs, else an error that
+/// says to run the pipeline.
+fn up_to_date(p: &Plan, store: &Store, i: usize) -> Result<std::sync::Arc<crate::engine::record::RunRecord>> {
+    committed(p, store)?[i].clone().with_context(|| {
+        format!(
+            "stage `{}` of {} is not up to date in {}: run `rredcot pipeline run {}` first (`pipeline status` says why)",
+            p.nodes[i].name,
+            p.file.display(),
+            store.root.display(),
+            p.file.display()
+        )
+    })
+}
+
+fn list_or_none(names: &[&str]) -> String {
+    if names.is_empty() { "none".into() } else { names.join(", ") }
+}
+
 fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<String> {
     let i = p
         .nodes
@@ -645,14 +731,7 @@ fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<Strin
         .position(|n| n.name == stage)
         .with_context(|| no_stage(stage, &p.file, &p.stage_names()))?;
     let store = Store::existing(root)?;
-    let Some(rec) = committed(p, &store)?[i].clone() else {
-        bail!(
-            "stage `{stage}` of {} is not up to date in {}: run `rredcot pipeline run {}` first (`pipeline status` says why)",
-            p.file.display(),
-            root.display(),
-            p.file.display()
-        );
-    };
+    let rec = up_to_date(p, &store, i)?;
     let src = store.outputs_dir(&rec.key).join("report");
     if !src.is_dir() {
         bail!(

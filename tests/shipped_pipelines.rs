@@ -60,3 +60,25 @@ fn quickstart_unrolls_both_training_chains_with_an_eval_per_step() {
     }
     assert!(stages.contains(&"eval_base".to_string()));
 }
+
+/// `rredcot serve --pipeline P --model STAGE[.OUTPUT]` names a stage's checkpoint; what it cannot
+/// serve is said before any model loads: an unknown stage, a stage without a checkpoint output,
+/// an output that is not one, and a stage that has not run.
+#[test]
+fn serve_by_stage_says_what_it_cannot_serve() {
+    let p = Project::new();
+    let quickstart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/quickstart.toml");
+    let q = quickstart.to_str().unwrap();
+    p.run_ok(&quickstart, &["--until", "taskgen"]);
+    for (model, want) in [
+        ("nosuch", "no stage `nosuch`"),
+        ("taskgen", "stage `taskgen` (taskgen) has no checkpoint output to serve"),
+        ("sft.nope", "stage `sft` (bootstrap_sft) has no checkpoint output `nope` (its checkpoint outputs: model)"),
+        ("rredcot.update[9]", "stage `rredcot.update[9]` of"),
+        ("sft", "is not up to date"),
+    ] {
+        let out = p.run(&["serve", "--pipeline", q, "--model", model, "--port", "0"]);
+        let err = common::text(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{model}: {err}");
+    }
+}

@@ -72,9 +72,14 @@ impl Drop for Served {
 }
 
 fn serve(model: &Path, name: &str) -> Served {
+    serve_with(&["--model-name", name, "--model", model.to_str().unwrap()])
+}
+
+/// `serve --port 0` on the CPU with `args` naming the model.
+fn serve_with(args: &[&str]) -> Served {
     let mut child = Command::new(serve_binary())
-        .args(["serve", "--port", "0", "--device", "cpu", "--threads", "1", "--max-new-tokens", "32", "--model-name", name, "--model"])
-        .arg(model)
+        .args(["serve", "--port", "0", "--device", "cpu", "--threads", "1", "--max-new-tokens", "32"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -252,6 +257,15 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     assert_eq!(chunks.last().unwrap()["usage"], resp["usage"]);
     println!("streamed: {} chunks, {pieces} pieces of text for {} tokens", chunks.len(), resp["usage"]["completion_tokens"]);
     assert!(pieces > 2, "the text came in pieces as it decoded, not whole at the end: {events:?}");
+
+    // A stage's checkpoint named through its pipeline: the same model, its id `STAGE.OUTPUT`.
+    {
+        let by_stage = serve_with(&["--store", store.to_str().unwrap(), "--pipeline", pipeline.to_str().unwrap(), "--model", "sft"]);
+        let (status, models) = raw(&by_stage.url, "GET", "/v1/models", "");
+        assert_eq!((status, models["data"][0]["id"].as_str()), (200, Some("sft.model")), "{models}");
+        let (_, same) = raw(&by_stage.url, "POST", "/v1/chat/completions", &body.to_string());
+        assert_eq!(same["choices"], resp["choices"], "the stage's checkpoint is the one served by path");
+    }
 
     // The same server through OpenAI's own Python client.
     openai_client_check(&server.url, "tiny-sft");
