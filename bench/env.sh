@@ -38,6 +38,39 @@ params = { steps = 200, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_h
 TOML
   printf '[[stage]]\nname = "builtin"\nuses = "rollout"\n%s }\n' "$ROLL"
 }
+# SmolLM2-135M-Instruct's GGUF dequantized into a Hugging Face directory (ml/tests/model_ref.py) at
+# $TMP/smollm2; prints the path.
+smollm2_hf() {
+  $PY ml/tests/model_ref.py gguf "$(smollm2_gguf)" "$TMP/smollm2" >/dev/null 2>&1
+  echo "$TMP/smollm2"
+}
+# The pipeline TOML of a stage `import_gsm8k` reading the GSM8K test set shipped in data/.
+gsm8k_import_stage() {
+  cat <<TOML
+[[stage]]
+name = "import_gsm8k"
+uses = "import"
+inputs = { source = "file:$PWD/data/gsm8k-mgs/gsm8k-mgs-eng.jsonl" }
+params = { layout = "gsm8k", source = "gsm8k-mgs" }
+TOML
+}
+# alternate TOML STAGE VAR NEW OLD VALUE: runs STAGE of pipeline TOML (forced) $REPS times each way,
+# the two ways alternating: NEW with VAR unset, OLD with VAR=VALUE (the code before, kept behind a
+# switch); writes a line "WAY RUN_RECORD" per run to $TMP/rows (bench/ab.py sums them up).
+alternate() {
+  local toml=$1 stage=$2 var=$3 new=$4 old=$5 value=$6 rep way key
+  : >"$TMP/rows"
+  for rep in $(seq "$REPS"); do
+    for way in "$new" "$old"; do
+      if [ "$way" = "$old" ]; then export "$var=$value"; else unset "$var"; fi
+      ./target/release/rredcot --store "$TMP/store" pipeline run "$toml" --force "$stage" --json >"$TMP/run.json"
+      key=$($PY -c 'import json,sys;print(json.load(open(sys.argv[1]))["keys"][sys.argv[2]])' "$TMP/run.json" "$stage")
+      cp "$TMP/store/instances/$key/run.json" "$TMP/$way-$rep.json"
+      echo "$way $TMP/$way-$rep.json" >>"$TMP/rows"
+    done
+  done
+  unset "$var"
+}
 # QS_SETS: the --set arguments of the shortened quickstart (tests/gpu.rs's sizes: two steps per
 # method, 16 stages, seconds each) with its ML stages on device $1.
 short_quickstart_sets() {

@@ -748,6 +748,45 @@ fn decode_chunks(
 
 /// Prefills `prompt` alone into slot `s` of `cache` (from column 0) and puts its next-token
 /// logits in row `s` of `logits`; returns the slot's next column (the prompt length).
+/// The prompt a slot was last prefilled with, that slot, and the prompt's last logits `[1, V]`:
+/// the samples of one prompt come one after another, and each after the first reuses it.
+pub(super) struct LastFill {
+    prompt: Vec<i64>,
+    slot: usize,
+    logits: Tensor,
+}
+
+/// Fills slot `s` with `prompt` (its cache columns from 0 and its logits row); returns the prompt's
+/// length. When the slot filled last holds the same prompt, its columns `0..len` (which decoding
+/// never rewrites) and the prompt's logits are copied instead of prefilled again: the same values,
+/// as the prefill of a prompt alone is deterministic, for a copy of its keys and values.
+pub(super) fn fill_slot(model: &DecoderLm, prompt: &[i64], s: usize, cache: &mut KvCache, logits: &mut Tensor, last: &mut Option<LastFill>) -> i64 {
+    let len = prompt.len() as i64;
+    if let Some(l) = last.as_ref().filter(|l| l.prompt == prompt && share_prefills()) {
+        if l.slot != s {
+            cache.copy_row_prefix(l.slot as i64, s as i64, len);
+        }
+        logits.narrow(0, s as i64, 1).copy_(&l.logits);
+        return len;
+    }
+    let len = prefill_slot(model, prompt, s, cache, logits);
+    *last = Some(LastFill { prompt: prompt.to_vec(), slot: s, logits: logits.narrow(0, s as i64, 1).copy() });
+    len
+}
+
+/// Whether a prompt's samples share its prefill: on unless `RREDCOT_SHARE_PREFILL=0` (each row
+/// prefilled alone, the code before: the baseline of bench/prefill_share.sh).
+fn share_prefills() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RREDCOT_SHARE_PREFILL").map_or(true, |v| v != "0"))
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Prompts prefilled on this thread (tests count them).
+    static PREFILLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 pub(super) fn prefill_slot(
     model: &DecoderLm,
     prompt: &[i64],
@@ -755,6 +794,8 @@ pub(super) fn prefill_slot(
     cache: &mut KvCache,
     logits: &mut Tensor,
 ) -> i64 {
+    #[cfg(test)]
+    PREFILLS.with(|n| n.set(n.get() + 1));
     let dev = model.device();
     let len = prompt.len() as i64;
     let ids = Tensor::from_slice(prompt).view([1, len]).to_device(dev);
@@ -844,6 +885,7 @@ struct EagerSlots<'a> {
     /// Each slot's next cache column, and whether it decodes a row.
     column: Vec<i64>,
     live: Vec<bool>,
+    last_fill: Option<LastFill>,
 }
 
 impl<'a> EagerSlots<'a> {
@@ -857,13 +899,14 @@ impl<'a> EagerSlots<'a> {
             cache,
             column: vec![0; b as usize],
             live: vec![false; b as usize],
+            last_fill: None,
         }
     }
 }
 
 impl Slots for EagerSlots<'_> {
     fn fill(&mut self, s: usize, prompt: &[i64]) {
-        self.column[s] = prefill_slot(self.model, prompt, s, &mut self.cache, &mut self.logits);
+        self.column[s] = fill_slot(self.model, prompt, s, &mut self.cache, &mut self.logits, &mut self.last_fill);
         self.live[s] = true;
     }
 
@@ -1569,6 +1612,36 @@ mod tests {
                         {
                             assert!((x - y).abs() < 1e-4, "{at}: {x} vs {y}");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The samples of a prompt come one after another (a group): each after the first copies the
+    /// prompt's keys, values and logits from the slot filled last, and every row still gets its
+    /// static batch tokens (the copies are the values a prefill gives).
+    #[test]
+    fn samples_of_one_prompt_share_its_prefill_and_keep_their_tokens() {
+        let m = tiny_model(Arch::Qwen2, 53);
+        let (distinct, _) = ragged_prompts(3, m.cfg.vocab_size);
+        // Groups of 3, 1 and 4 samples, then the first prompt again after another one.
+        let order = [0, 0, 0, 1, 2, 2, 2, 2, 0];
+        let prompts: Vec<Vec<i64>> = order.iter().map(|&i| distinct[i].clone()).collect();
+        let seeds: Vec<u64> = (0..prompts.len() as u64).map(|i| 300 + i).collect();
+        for t in [0.0, 1.0] {
+            let p = stop_params(&m, &prompts, &seeds, &params(t));
+            let batch = generate(&m, None, &prompts, &seeds, &p).unwrap();
+            for ((slots, every), steps) in [(1, 1), (2, 1), (4, 3), (0, 16)].into_iter().flat_map(|x| [(x, Steps::Eager), (x, Steps::Static { graph: false })]) {
+                let before = PREFILLS.with(|n| n.get());
+                let cont = continuous(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, slots, every, steps).unwrap();
+                let prefills = PREFILLS.with(|n| n.get()) - before;
+                let at = format!("T={t} slots {slots} every {every} {steps:?}");
+                assert_eq!(prefills, 4, "{at}: one prefill per run of equal prompts");
+                for (row, (c, b)) in cont.iter().zip(&batch).enumerate() {
+                    assert_eq!((&c.tokens, c.finish_reason), (&b.tokens, b.finish_reason), "{at} row {row}");
+                    for (x, y) in c.logprobs.iter().zip(&b.logprobs) {
+                        assert!((x - y).abs() < 1e-4, "{at} row {row}: {x} vs {y}");
                     }
                 }
             }

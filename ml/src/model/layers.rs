@@ -314,6 +314,16 @@ impl KvCache {
         KvCache { layers }
     }
 
+    /// Copies row `from`'s first `len` columns into row `to` (in place: a captured graph reads
+    /// them): a prompt prefilled once serves another slot.
+    pub fn copy_row_prefix(&mut self, from: i64, to: i64, len: i64) {
+        for l in &mut self.layers {
+            for t in [&l.k, &l.v] {
+                t.narrow(0, to, 1).narrow(2, 0, len).copy_(&t.narrow(0, from, 1).narrow(2, 0, len));
+            }
+        }
+    }
+
     /// Rows `start..start + len` of this cache as a cache of their own that writes into this
     /// one's buffers (views, not copies), with nothing cached: for a forward that writes each
     /// row's columns itself ([`Self::write_rows_at`]).
