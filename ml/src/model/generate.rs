@@ -746,8 +746,6 @@ fn decode_chunks(
     Ok(())
 }
 
-/// Prefills `prompt` alone into slot `s` of `cache` (from column 0) and puts its next-token
-/// logits in row `s` of `logits`; returns the slot's next column (the prompt length).
 /// The prompt a slot was last prefilled with, that slot, and the prompt's last logits `[1, V]`:
 /// the samples of one prompt come one after another, and each after the first reuses it.
 pub(super) struct LastFill {
@@ -787,6 +785,8 @@ thread_local! {
     static PREFILLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+/// Prefills `prompt` alone into slot `s` of `cache` (from column 0) and puts its next-token
+/// logits in row `s` of `logits`; returns the slot's next column (the prompt length).
 pub(super) fn prefill_slot(
     model: &DecoderLm,
     prompt: &[i64],

@@ -5,8 +5,8 @@
 //! those params and fit the session's cache; each request is answered as soon as its last row
 //! ends (a streamed one sends each choice's text after every read-back, and each choice's end as
 //! it ends). A job whose client has gone (a timeout, a stopped stream) stops decoding at the next
-//! read-back, or is dropped while it waits. A job with other params (or too long a prompt) waits at the head, and nothing overtakes
-//! it: the session drains and the next one starts with it.
+//! read-back, or is dropped while it waits. A job with other params (or too long a prompt) waits
+//! at the head, and nothing overtakes it: the session drains and the next one starts with it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
