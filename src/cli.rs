@@ -11,7 +11,7 @@ use crate::artifact::Schema;
 use crate::engine::exec::{exec_instance, ExecOutcome};
 use crate::engine::group as signals;
 use crate::engine::local::LocalExecutor;
-use crate::engine::plan::{no_stage, InputRef, ParamSource};
+use crate::engine::plan::{name_list, no_stage, InputRef, ParamSource};
 use crate::engine::cache::why_not_cached;
 use crate::engine::file_hashes::FileHashes;
 use crate::engine::resolve::Resolver;
@@ -109,10 +109,8 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The command line that gives these args to `serve` (the worker's, after a hand-over).
     fn command_line(&self) -> Vec<std::ffi::OsString> {
+        // `--pipeline` is resolved into `--model` before a hand-over, so it is not passed on.
         let mut a: Vec<std::ffi::OsString> = vec!["serve".into(), "--model".into(), self.model.clone().into_os_string()];
-        if let Some(p) = &self.pipeline {
-            a.extend(["--pipeline".into(), p.clone().into_os_string()]);
-        }
         if let Some(n) = &self.model_name {
             a.extend(["--model-name".into(), n.into()]);
         }
@@ -678,8 +676,6 @@ fn committed(
     Ok(done)
 }
 
-/// Copies the `report` output of stage `stage` into `out` (replacing what was there) and returns
-/// its results.md.
 /// `serve --pipeline P --model SPEC`: the checkpoint directory of stage output `SPEC` (`STAGE`,
 /// whose one checkpoint output is meant, or `STAGE.OUTPUT`) in the store, and the model id
 /// `STAGE.OUTPUT`. The stage must be up to date, as `report` requires.
@@ -696,10 +692,10 @@ fn served_checkpoint(p: &Plan, root: &Path, spec: &str) -> Result<(PathBuf, Stri
     let checkpoints: Vec<&str> = n.kind.outputs.iter().filter(|(_, s)| s.name == "checkpoint").map(|(k, _)| k.as_str()).collect();
     let output = match (output, checkpoints.as_slice()) {
         (Some(o), _) if checkpoints.contains(&o.as_str()) => o,
-        (Some(o), _) => bail!("stage `{}` ({}) has no checkpoint output `{o}` (its checkpoint outputs: {})", n.name, n.kind.name, list_or_none(&checkpoints)),
+        (_, []) => bail!("stage `{}` ({}) has no checkpoint output to serve", n.name, n.kind.name),
+        (Some(o), _) => bail!("stage `{}` ({}) has no checkpoint output `{o}` (its checkpoint outputs: {})", n.name, n.kind.name, name_list(&checkpoints)),
         (None, [one]) => one.to_string(),
-        (None, []) => bail!("stage `{}` ({}) has no checkpoint output to serve", n.name, n.kind.name),
-        (None, many) => bail!("stage `{}` has several checkpoint outputs: name one as `{}.OUTPUT` ({})", n.name, n.name, many.join(", ")),
+        (None, many) => bail!("stage `{}` has several checkpoint outputs: name one as `{}.OUTPUT` ({})", n.name, n.name, name_list(many)),
     };
     let store = Store::existing(root)?;
     let rec = up_to_date(p, &store, i)?;
@@ -720,10 +716,8 @@ fn up_to_date(p: &Plan, store: &Store, i: usize) -> Result<std::sync::Arc<crate:
     })
 }
 
-fn list_or_none(names: &[&str]) -> String {
-    if names.is_empty() { "none".into() } else { names.join(", ") }
-}
-
+/// Copies the `report` output of stage `stage` into `out` (replacing what was there) and returns
+/// its results.md.
 fn export_report(p: &Plan, root: &Path, stage: &str, out: &Path) -> Result<String> {
     let i = p
         .nodes

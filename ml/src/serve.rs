@@ -375,18 +375,16 @@ impl Job {
     fn client_gone(&self) -> bool {
         match &self.answer {
             Answerer::Whole(request) => request.is_gone(),
-            Answerer::Events(ev) => ev.gone || ev.sink.is_gone(),
+            Answerer::Events(ev) => ev.sink.is_gone(),
         }
     }
 }
 
-/// A streamed job's sink, its chunks' builder, each choice's text, and whether the client has
-/// gone (a send failed).
+/// A streamed job's sink, its chunks' builder and each choice's text.
 struct Events {
     sink: EventSink,
     chunks: Chunks,
     texts: Vec<TextStream>,
-    gone: bool,
 }
 
 /// A request checked and tokenized.
@@ -511,7 +509,7 @@ impl State {
                         sink.send(&chunks.role(i));
                     }
                 }
-                Answerer::Events(Events { sink, chunks, texts: (0..p.n).map(|_| TextStream::default()).collect(), gone: false })
+                Answerer::Events(Events { sink, chunks, texts: (0..p.n).map(|_| TextStream::default()).collect() })
             }
         };
         Job { answer, reply: p.reply, prompt: p.prompt, sampling: p.sampling, n: p.n, seed: p.seed, started }
@@ -520,22 +518,15 @@ impl State {
     /// Choice `choice` of a job has `tokens` so far: a streamed job sends the text they add.
     /// False when the job's client has gone, so the choice stops decoding.
     fn progressed(&self, job: &mut Job, choice: usize, tokens: &[i64]) -> bool {
-        let ev = match &mut job.answer {
-            Answerer::Whole(request) => return !request.is_gone(),
-            Answerer::Events(ev) if ev.gone || ev.sink.is_gone() => {
-                ev.gone = true;
-                return false;
-            }
-            Answerer::Events(ev) => ev,
-        };
+        if job.client_gone() {
+            return false;
+        }
+        let Answerer::Events(ev) = &mut job.answer else { return true };
         let stops = &job.sampling.stop_strings;
         let hold = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0).saturating_sub(1);
         match ev.texts[choice].advance(&self.tok, tokens, hold, stops) {
-            Ok(Some(text)) => {
-                ev.gone |= !ev.sink.send(&ev.chunks.text(choice, &text));
-                !ev.gone
-            }
-            Ok(None) => !ev.gone,
+            Ok(Some(text)) => ev.sink.send(&ev.chunks.text(choice, &text)),
+            Ok(None) => true,
             // The whole text is decoded again when the choice ends; what fails there fails the job.
             Err(e) => {
                 tracing::warn!("decoding a streamed choice: {e}");
@@ -605,11 +596,16 @@ impl State {
         Ok(f.top)
     }
 
+    /// Token `t`'s text, special tokens written out.
+    fn token_text(&self, t: i64) -> Result<String, String> {
+        self.tok.decode(&[t], false).map_err(|e| format!("decoding token {t}: {e}"))
+    }
+
     /// A chat choice's `logprobs` in OpenAI's shape: every sampled token (the stop token too) with
     /// the logprob it was drawn with and the top `k` of its position. `bytes` is null: a
     /// byte-level token may be part of a character, which its decoded text does not show.
     fn chat_logprobs(&self, prompt: &[i64], sampling: &SamplingParams, g: &model::Generation, k: usize) -> Result<Value, String> {
-        let name = |t: i64| self.tok.decode(&[t], false).map_err(|e| format!("decoding token {t}: {e}"));
+        let name = |t: i64| self.token_text(t);
         let top = self.top_logprobs(prompt, sampling, g, k)?;
         let content = g
             .tokens
@@ -647,7 +643,7 @@ impl State {
                 if format.ids_as_tokens {
                     Ok(format!("token_id:{t}"))
                 } else {
-                    self.tok.decode(&[t], false).map_err(|e| format!("decoding token {t}: {e}"))
+                    self.token_text(t)
                 }
             };
             let top = self.top_logprobs(prompt, sampling, g, k)?;

@@ -952,7 +952,11 @@ impl Slots for EagerSlots<'_> {
             // A new tensor: the cache's write index still views the old one.
             cols = &cols + &advance;
         }
-        self.logits.narrow(0, lo, b).copy_(&logits);
+        if b == slots {
+            self.logits = logits;
+        } else {
+            self.logits.narrow(0, lo, b).copy_(&logits);
+        }
         for (c, &l) in self.column.iter_mut().zip(&self.live) {
             *c += if l { n as i64 } else { 0 };
         }
@@ -1097,6 +1101,13 @@ struct Occupants {
 }
 
 impl Occupants {
+    /// Slot `s`'s row is done (it ended, or its feed stopped it): the slot is free.
+    fn release(&mut self, s: usize, decoder: &mut dyn Slots) {
+        self.occupant[s] = None;
+        self.streams[s] = None;
+        decoder.free(s);
+    }
+
     /// Free slots take the rows waiting in `feed`, in slot order (a row without budget finishes
     /// at once and takes no slot).
     fn refill(&mut self, model: &DecoderLm, decoder: &mut dyn Slots, rows: &mut Completions, feed: &mut dyn RowFeed) -> Result<()> {
@@ -1176,17 +1187,13 @@ fn fed(
                 for j in 0..n {
                     let at = (j * n_slots + s) * 4;
                     if rows.push(row, &host[at..at + 4])? {
-                        slots.occupant[s] = None;
-                        slots.streams[s] = None;
-                        decoder.free(s);
+                        slots.release(s, decoder.as_mut());
                         feed.finished(row, rows.take(row)?);
                         break;
                     }
                 }
                 if slots.occupant[s].is_some() && !feed.progressed(row, &rows.out[row].tokens) {
-                    slots.occupant[s] = None;
-                    slots.streams[s] = None;
-                    decoder.free(s);
+                    slots.release(s, decoder.as_mut());
                     rows.progress.rows_done += 1;
                     feed.finished(row, rows.take(row)?);
                 }

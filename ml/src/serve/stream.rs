@@ -51,8 +51,15 @@ impl TextStream {
             0 => self.decoded.len(),
             h => self.decoded.char_indices().rev().nth(h - 1).map_or(0, |(i, _)| i),
         };
-        if let Some(cut) = stops.iter().filter_map(|s| self.decoded.find(s.as_str())).min() {
-            end = end.min(cut);
+        // A stop string that starts a stop's length or more before what was sent ends inside the
+        // sent text, and was looked for when that was sent: look from there on only, so that a
+        // long choice is not searched whole at every read-back.
+        let mut from = self.sent.saturating_sub(stops.iter().map(String::len).max().unwrap_or(0));
+        while !self.decoded.is_char_boundary(from) {
+            from -= 1;
+        }
+        if let Some(cut) = stops.iter().filter_map(|s| self.decoded[from..].find(s.as_str())).min() {
+            end = end.min(from + cut);
         }
         Ok(self.take(end))
     }
