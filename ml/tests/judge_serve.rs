@@ -167,6 +167,32 @@ fn replies(path: &Path) -> Vec<String> {
     rredcot::stages::judge::read_judgments(path).unwrap().into_iter().map(|j| j.reply).collect()
 }
 
+/// Requests with their own `max_tokens` and `stop` strings (rows of one session each keep their
+/// own), sent all at once, each get what the same seeded request gets alone.
+fn own_budgets_and_stops_check(url: &str, question: &str) {
+    const N: usize = 8;
+    let body = |i: usize, stop: &[String]| json!({"model": "tiny-sft", "messages": [{"role": "user", "content": question}], "seed": 40 + i, "temperature": 1.0, "max_tokens": 3 + 3 * i, "stop": stop});
+    let chat = |b: &Value| raw(url, "POST", "/v1/chat/completions", &b.to_string()).1;
+    // Every other request stops at a character from the middle of its free text.
+    let stops: Vec<Vec<String>> = (0..N)
+        .map(|i| {
+            let free = chat(&body(i, &[]));
+            let chars: Vec<char> = free["choices"][0]["message"]["content"].as_str().unwrap().chars().collect();
+            if i % 2 == 1 && chars.len() > 2 { vec![chars[chars.len() / 2].to_string()] } else { vec![] }
+        })
+        .collect();
+    let alone: Vec<Value> = (0..N).map(|i| chat(&body(i, &stops[i]))).collect();
+    let together: Vec<Value> = std::thread::scope(|s| {
+        let sent: Vec<_> = (0..N).map(|i| s.spawn({ let b = body(i, &stops[i]); move || chat(&b) })).collect();
+        sent.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for i in 0..N {
+        assert_eq!(together[i]["choices"], alone[i]["choices"], "request {i} (max_tokens {}, stop {:?})", 3 + 3 * i, stops[i]);
+    }
+    let reasons: Vec<&str> = alone.iter().map(|r| r["choices"][0]["finish_reason"].as_str().unwrap()).collect();
+    assert!(reasons.contains(&"stop") && reasons.contains(&"length"), "both ways of ending: {reasons:?}");
+}
+
 /// `tests/python/openai_client.py` (the `openai` package: models, seeded chat with n = 2, a
 /// token-id completion with top logprobs, 400s, 48 requests from 16 threads without retries)
 /// against the server. A SKIP without the package; under CI (`make test-deps` installs it) a
@@ -257,6 +283,8 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     assert_eq!(chunks.last().unwrap()["usage"], resp["usage"]);
     println!("streamed: {} chunks, {pieces} pieces of text for {} tokens", chunks.len(), resp["usage"]["completion_tokens"]);
     assert!(pieces > 2, "the text came in pieces as it decoded, not whole at the end: {events:?}");
+
+    own_budgets_and_stops_check(&server.url, &rows[0].question);
 
     // A stage's checkpoint named through its pipeline: the same model, its id `STAGE.OUTPUT`.
     {

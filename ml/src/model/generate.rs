@@ -382,12 +382,41 @@ pub struct Progress {
 /// Called with each [`Progress`] of a request.
 pub type OnProgress<'a> = &'a mut dyn FnMut(Progress);
 
-/// The host side of a request: the completions so far and the stop rules.
+/// What ends a row before its budget: a stop token (its own ids and the tokenizer's EOS ids) or
+/// a stop string completed by its last token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopRules {
+    ids: Vec<i64>,
+    strings: Vec<String>,
+    /// The longest stop string, in characters: how far back a new token can complete one.
+    max_chars: usize,
+}
+
+impl StopRules {
+    /// The rules of `strings` and `token_ids`, with the EOS ids of `tokenizer`.
+    pub fn new(tokenizer: Option<&Tokenizer>, strings: &[String], token_ids: &[i64]) -> Self {
+        let mut ids = token_ids.to_vec();
+        if let Some(t) = tokenizer {
+            ids.extend(&t.eos_ids);
+        }
+        let max_chars = strings.iter().map(|s| s.chars().count()).max().unwrap_or(0);
+        StopRules { ids, strings: strings.to_vec(), max_chars }
+    }
+
+    /// The rules of a request's params.
+    fn of(tokenizer: Option<&Tokenizer>, p: &SamplingParams) -> Self {
+        StopRules::new(tokenizer, &p.stop_strings, &p.stop_token_ids)
+    }
+}
+
+/// The host side of a request: the completions so far and each row's stop rules.
 struct Completions<'a> {
     tokenizer: Option<&'a Tokenizer>,
     p: &'a SamplingParams,
-    stop_ids: Vec<i64>,
-    max_stop_chars: usize,
+    /// The rules of the request's params, which a row takes unless it brings its own.
+    stops: StopRules,
+    /// Each row's rules, where it brought its own ([`FedRow::stops`]).
+    row_stops: Vec<Option<StopRules>>,
     /// Each row's token budget (`max_new_tokens`, or less where the context leaves less:
     /// [`generate_continuous_within_context`]).
     limits: Vec<usize>,
@@ -398,30 +427,25 @@ struct Completions<'a> {
 
 impl<'a> Completions<'a> {
     fn new(tokenizer: Option<&'a Tokenizer>, p: &'a SamplingParams, rows: usize) -> Self {
-        let mut stop_ids = p.stop_token_ids.clone();
-        if let Some(t) = tokenizer {
-            stop_ids.extend(&t.eos_ids);
-        }
-        let max_stop_chars = p
-            .stop_strings
-            .iter()
-            .map(|s| s.chars().count())
-            .max()
-            .unwrap_or(0);
         let mut c = Completions {
             tokenizer,
             p,
-            stop_ids,
-            max_stop_chars,
+            stops: StopRules::of(tokenizer, p),
+            row_stops: Vec::with_capacity(rows),
             limits: Vec::with_capacity(rows),
             out: Vec::with_capacity(rows),
             progress: Progress { rows_done: 0, tokens: 0 },
             on_progress: None,
         };
         for _ in 0..rows {
-            c.add_row(p.max_new_tokens);
+            c.add_row(p.max_new_tokens, None);
         }
         c
+    }
+
+    /// Row `row`'s stop rules.
+    fn stops_of(&self, row: usize) -> &StopRules {
+        self.row_stops[row].as_ref().unwrap_or(&self.stops)
     }
 
     fn observed(mut self, on_progress: Option<OnProgress<'a>>) -> Self {
@@ -458,19 +482,15 @@ impl<'a> Completions<'a> {
         g.tokens.push(t);
         g.logprobs.push(r[1] as f32);
         g.entropies.push(r[2] as f32);
-        if self.stop_ids.contains(&t) {
+        let stops = self.row_stops[row].as_ref().unwrap_or(&self.stops);
+        if stops.ids.contains(&t) {
             g.finish_reason = FinishReason::Stop;
             return Ok(true);
         }
-        if let (Some(tk), false) = (self.tokenizer, self.p.stop_strings.is_empty()) {
-            let tail = &g.tokens[g.tokens.len().saturating_sub(self.max_stop_chars + 8)..];
+        if let (Some(tk), false) = (self.tokenizer, stops.strings.is_empty()) {
+            let tail = &g.tokens[g.tokens.len().saturating_sub(stops.max_chars + 8)..];
             let text = tk.decode(tail, false)?;
-            if self
-                .p
-                .stop_strings
-                .iter()
-                .any(|s| text.contains(s.as_str()))
-            {
+            if stops.strings.iter().any(|s| text.contains(s.as_str())) {
                 g.finish_reason = FinishReason::Stop;
                 return Ok(true);
             }
@@ -489,26 +509,21 @@ impl<'a> Completions<'a> {
     /// Row `row`'s text (with a tokenizer): decoded, cut before a matched stop string.
     fn decode_text(&mut self, row: usize) -> Result<()> {
         if let Some(tk) = self.tokenizer {
-            let g = &mut self.out[row];
-            let mut text = tk.decode(&g.tokens, true)?;
-            if let Some(cut) = self
-                .p
-                .stop_strings
-                .iter()
-                .filter_map(|s| text.find(s.as_str()))
-                .min()
-            {
+            let mut text = tk.decode(&self.out[row].tokens, true)?;
+            if let Some(cut) = self.stops_of(row).strings.iter().filter_map(|s| text.find(s.as_str())).min() {
                 text.truncate(cut);
             }
-            g.text = Some(text);
+            self.out[row].text = Some(text);
         }
         Ok(())
     }
 
-    /// A new row with token budget `limit`; its index.
-    fn add_row(&mut self, limit: usize) -> usize {
+    /// A new row with token budget `limit` and its own stop rules (`None`: the request's); its
+    /// index.
+    fn add_row(&mut self, limit: usize, stops: Option<StopRules>) -> usize {
         self.out.push(Generation::unsampled());
         self.limits.push(limit);
+        self.row_stops.push(stops);
         self.out.len() - 1
     }
 
@@ -1017,11 +1032,14 @@ pub trait RowFeed {
     }
 }
 
-/// A row for [`RowFeed::next_row`]: prompt ids, the row's seed and its token budget.
+/// A row for [`RowFeed::next_row`]: prompt ids, the row's seed, its token budget and, where it
+/// has its own, its stop rules (a server's requests may each have theirs; `None`: the session's
+/// params').
 pub struct FedRow {
     pub prompt: Vec<i64>,
     pub seed: u64,
     pub limit: usize,
+    pub stops: Option<StopRules>,
 }
 
 /// Continuous batching over rows that `feed` gives while the decode runs: at most `slots` rows
@@ -1054,7 +1072,7 @@ impl RowFeed for ListFeed<'_> {
         let r = self.out.len();
         let prompt = self.prompts.get(r)?.clone();
         self.out.push(None);
-        Some(FedRow { prompt, seed: self.seeds[r], limit: self.limits[r] })
+        Some(FedRow { prompt, seed: self.seeds[r], limit: self.limits[r], stops: None })
     }
 
     fn finished(&mut self, id: usize, g: Generation) {
@@ -1087,6 +1105,7 @@ fn continuous(
     // The feed numbers the rows again, in the same order.
     let limits = std::mem::take(&mut rows.limits);
     rows.out.clear();
+    rows.row_stops.clear();
     let mut feed = ListFeed { prompts, seeds, limits, out: Vec::with_capacity(prompts.len()) };
     fed(model, rows, &mut feed, n_slots, longest, every, steps)?;
     Ok(feed.out.into_iter().map(|g| g.expect("every row finishes")).collect())
@@ -1114,7 +1133,10 @@ impl Occupants {
         for s in 0..self.occupant.len() {
             while self.occupant[s].is_none() {
                 let Some(next) = feed.next_row() else { return Ok(()) };
-                let row = rows.add_row(next.limit);
+                if next.stops.as_ref().is_some_and(|s| !s.strings.is_empty()) && rows.tokenizer.is_none() {
+                    return Err(ModelError::Request("stop strings need a tokenizer".into()));
+                }
+                let row = rows.add_row(next.limit, next.stops);
                 if next.limit == 0 {
                     rows.progress.rows_done += 1;
                     feed.finished(row, rows.take(row)?);
@@ -1672,12 +1694,15 @@ mod tests {
         progress: Vec<Vec<Vec<i64>>>,
         /// (row, n): row `row` is stopped once it has at least `n` tokens.
         stop: Option<(usize, usize)>,
+        /// Each row's own stop rules, if any.
+        stops: Vec<Option<StopRules>>,
     }
 
     impl LateFeed {
         fn new(prompts: &[Vec<i64>], seeds: &[u64], limits: Vec<usize>, after: Vec<usize>) -> Self {
             let progress = vec![vec![]; prompts.len()];
-            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, reads: 0, out: vec![], finished_order: vec![], progress, stop: None }
+            let stops = vec![None; prompts.len()];
+            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, reads: 0, out: vec![], finished_order: vec![], progress, stop: None, stops }
         }
     }
 
@@ -1693,7 +1718,7 @@ mod tests {
             }
             self.given += 1;
             self.out.push(None);
-            Some(FedRow { prompt: self.prompts[r].clone(), seed: self.seeds[r], limit: self.limits[r] })
+            Some(FedRow { prompt: self.prompts[r].clone(), seed: self.seeds[r], limit: self.limits[r], stops: self.stops[r].clone() })
         }
 
         fn finished(&mut self, id: usize, g: Generation) {
@@ -1779,6 +1804,47 @@ mod tests {
         let mut feed = LateFeed::new(&[vec![1, 2, 3]], &[0], vec![8], vec![0]);
         let e = generate_fed(&m, None, &p, 2, 10, &mut feed).unwrap_err();
         assert!(e.to_string().contains("row 0: 3 prompt and 8 new tokens are more than the session's 10"), "{e}");
+    }
+
+    #[test]
+    fn rows_with_their_own_stop_rules_and_budgets_end_as_each_would_alone() {
+        let m = tiny_model(Arch::Qwen2, 47);
+        let (prompts, seeds) = ragged_prompts(7, m.cfg.vocab_size);
+        for t in [0.0, 1.0] {
+            // The session's params stop at row 6's second free token; row 6 has rules of its own
+            // (no stop token) and must run past it.
+            let free = generate(&m, None, &prompts, &seeds, &params(t)).unwrap();
+            let session = SamplingParams { stop_token_ids: vec![free[6].tokens[1]], ..params(t) };
+            // Row r: a budget of its own, and (but for rows 0 and 4, which keep the session's
+            // rules) a stop at the (r % 3 + 1)-th token it samples freely, or none (row 6).
+            let own: Vec<Option<SamplingParams>> = (0..prompts.len())
+                .map(|r| {
+                    let at = (r % 3 + 1).min(free[r].tokens.len() - 1);
+                    let ids = if r == 6 { vec![] } else { vec![free[r].tokens[at]] };
+                    (r != 0 && r != 4).then(|| SamplingParams { max_new_tokens: 4 + r, stop_token_ids: ids, ..params(t) })
+                })
+                .collect();
+            let alone: Vec<Generation> = (0..prompts.len())
+                .map(|r| {
+                    let p = own[r].clone().unwrap_or_else(|| session.clone());
+                    generate(&m, None, &prompts[r..r + 1], &seeds[r..r + 1], &p).unwrap().remove(0)
+                })
+                .collect();
+            let limits = own.iter().map(|o| o.as_ref().map_or(session.max_new_tokens, |p| p.max_new_tokens)).collect();
+            let mut feed = LateFeed::new(&prompts, &seeds, limits, vec![0; prompts.len()]);
+            feed.stops = own.iter().map(|o| o.as_ref().map(|p| StopRules::new(None, &p.stop_strings, &p.stop_token_ids))).collect();
+            let fits = prompts.iter().map(|pr| pr.len()).max().unwrap() + session.max_new_tokens;
+            generate_fed(&m, None, &session, 3, fits, &mut feed).unwrap();
+            for (row, (g, a)) in feed.out.iter().zip(&alone).enumerate() {
+                let g = g.as_ref().unwrap_or_else(|| panic!("T={t}: row {row} never finished"));
+                assert_eq!((&g.tokens, g.finish_reason), (&a.tokens, a.finish_reason), "T={t} row {row}");
+            }
+            // Both ways of ending occur among the rows with rules of their own; row 6 ran past the
+            // session's stop token to its own budget.
+            let ends = |f: FinishReason| (0..prompts.len()).any(|r| own[r].is_some() && alone[r].finish_reason == f);
+            assert!(ends(FinishReason::Stop) && ends(FinishReason::Length), "T={t}: {alone:?}");
+            assert_eq!((alone[6].tokens.len(), alone[6].finish_reason), (10, FinishReason::Length), "T={t}");
+        }
     }
 
     #[test]

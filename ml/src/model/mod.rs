@@ -38,7 +38,7 @@ pub use error::{ModelError, Result};
 pub use generate::{
     generate, generate_continuous, generate_continuous_with_progress, generate_continuous_within_context, generate_fed, generate_with_progress,
     prefill_completion, FedRow, FinishReason,
-    Generation, Prefilled, RowFeed, SamplingParams,
+    Generation, Prefilled, RowFeed, SamplingParams, StopRules,
 };
 pub use layers::KvCache;
 pub use score::{

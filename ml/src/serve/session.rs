@@ -1,23 +1,26 @@
 //! One decode session of `rredcot serve`: continuous batching across requests. The session takes
-//! the jobs at the head of the queue that share its sampling params, one row (choice) per free
-//! slot; requests that arrive meanwhile are routed after each read-back (what needs no generation,
+//! the jobs at the head of the queue that share its sampling distribution (temperature, top-p,
+//! top-k; each row keeps its own `max_tokens` and stop rules), one row (choice) per free slot; requests that arrive meanwhile are routed after each read-back (what needs no generation,
 //! such as `/health`, is answered there, even while every slot decodes) and join while they keep
-//! those params and fit the session's cache; each request is answered as soon as its last row
+//! that distribution and fit the session's cache; each request is answered as soon as its last row
 //! ends (a streamed one sends each choice's text after every read-back, and each choice's end as
 //! it ends). A job whose client has gone (a timeout, a stopped stream) stops decoding at the next
-//! read-back, or is dropped while it waits. A job with other params (or too long a prompt) waits
-//! at the head, and nothing overtakes it: the session drains and the next one starts with it.
+//! read-back, or is dropped while it waits. A job with another distribution (or too long a prompt
+//! and budget) waits at the head, and nothing overtakes it: the session drains and the next one starts with it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::front::Front;
 use super::{fail, Job, State};
-use crate::model::{self, FedRow, Generation, RowFeed, SamplingParams};
+use crate::model::{self, FedRow, Generation, RowFeed, SamplingParams, StopRules};
 
 /// Prompt lengths are rounded up to this many tokens when a session sizes its cache, so that
 /// requests of about the same length as the first ones can still join.
 const PROMPT_ROUNDING: usize = 256;
+
+/// Token budgets (`max_tokens`) are rounded up to this many, for the same reason.
+const BUDGET_ROUNDING: usize = 64;
 
 /// A job taken into the session, its choices filled in as they end.
 struct Running {
@@ -54,7 +57,7 @@ impl Feed<'_> {
 
     /// Whether the job at the head of the queue can join the session.
     fn head_joins(&self) -> bool {
-        self.queue.front().is_some_and(|j| j.sampling == *self.sampling && j.prompt.len() + j.sampling.max_new_tokens <= self.fits)
+        self.queue.front().is_some_and(|j| same_distribution(&j.sampling, self.sampling) && j.prompt.len() + j.sampling.max_new_tokens <= self.fits)
     }
 }
 
@@ -78,7 +81,8 @@ impl RowFeed for Feed<'_> {
         let job = &self.running[j].as_ref().expect("a job being fed is not answered").job;
         self.current = (choice + 1 < job.n).then_some((j, choice + 1));
         self.rows.push((j, choice));
-        Some(FedRow { prompt: job.prompt.clone(), seed: job.seed.wrapping_add(choice as u64), limit: job.sampling.max_new_tokens })
+        let stops = StopRules::new(Some(&self.state.tok), &job.sampling.stop_strings, &job.sampling.stop_token_ids);
+        Some(FedRow { prompt: job.prompt.clone(), seed: job.seed.wrapping_add(choice as u64), limit: job.sampling.max_new_tokens, stops: Some(stops) })
     }
 
     fn between_reads(&mut self) {
@@ -104,6 +108,12 @@ impl RowFeed for Feed<'_> {
     }
 }
 
+/// Whether rows of `a` and `b` can decode side by side: the same distribution to sample from
+/// (the sampler takes one per session); budgets and stop rules are each row's own.
+fn same_distribution(a: &SamplingParams, b: &SamplingParams) -> bool {
+    a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k
+}
+
 /// Drops the waiting jobs whose client has gone (a timed-out or stopped request is not decoded).
 fn drop_gone(queue: &mut VecDeque<Job>) {
     let before = queue.len();
@@ -120,9 +130,14 @@ pub(super) fn run(state: &State, front: &Front, queue: &mut VecDeque<Job>) {
     let Some(head) = queue.front() else { return };
     let sampling = head.sampling.clone();
     let context = state.model.cfg.max_position_embeddings as usize;
-    let longest = queue.iter().take_while(|j| j.sampling == sampling).map(|j| j.prompt.len()).max().unwrap_or(0);
     // Each job's max_new_tokens was clamped to the context its prompt leaves, so the head fits.
-    let fits = (longest.next_multiple_of(PROMPT_ROUNDING) + sampling.max_new_tokens).min(context);
+    let fits = queue
+        .iter()
+        .take_while(|j| same_distribution(&j.sampling, &sampling))
+        .map(|j| j.prompt.len().next_multiple_of(PROMPT_ROUNDING) + j.sampling.max_new_tokens.next_multiple_of(BUDGET_ROUNDING))
+        .max()
+        .unwrap_or(0)
+        .min(context);
     let slots = state.max_batch.max(1);
     let mut feed = Feed { state, front, queue, sampling: &sampling, fits, running: vec![], rows: vec![], current: None, closed: false };
     // libtorch reports some failures by panicking: a request must not take the server down.
