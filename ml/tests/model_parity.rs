@@ -339,6 +339,13 @@ fn qwen3_tokenizer_and_chat_template_match_transformers() {
         assert_eq!(tok.template.render(&chat_messages(chat), true), want.as_str().unwrap(), "Qwen3 thinking-mode prompt text");
     }
     assert_eq!(tok.think_end_id, Some(151668), "Qwen3's </think>");
+    // Non-thinking mode (`enable_thinking=False`): the answer opens with an empty thinking block.
+    for (chat, want) in r["chats"].as_array().unwrap().iter().zip(r["chat_no_thinking"].as_array().unwrap()) {
+        let msgs = chat_messages(chat);
+        assert_eq!(tok.encode_chat_thinking(&msgs, true, false).unwrap(), ids(want), "non-thinking chat prompt {chat}");
+        assert_ne!(tok.encode_chat_thinking(&msgs, true, false).unwrap(), tok.encode_chat(&msgs, true).unwrap());
+        assert_eq!(tok.encode_chat_thinking(&msgs, true, true).unwrap(), tok.encode_chat(&msgs, true).unwrap());
+    }
 
     // DeepSeek-R1-Distill: the same vocabulary with R1's special tokens added (in the Python order).
     let mut inner = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();

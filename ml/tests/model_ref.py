@@ -131,6 +131,8 @@ def tokenize(d, texts_json, out, r1_template=None):
                                          return_dict=False) for c in chats],
         "chat_text": [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True, enable_thinking=True)
                       for c in chats],
+        "chat_no_thinking": [tok.apply_chat_template(c, tokenize=True, add_generation_prompt=True, enable_thinking=False,
+                                                     return_dict=False) for c in chats],
         "chats": chats,
     }
     if r1_template:

@@ -44,6 +44,9 @@ pub enum ChatTemplate {
     R1Distill,
 }
 
+/// What Qwen3's template adds after the generation prompt when `enable_thinking` is false.
+const QWEN3_NO_THINKING: &str = "<think>\n\n</think>\n\n";
+
 /// SmolLM2's default system prompt (from its `chat_template`).
 pub const SMOLLM2_SYSTEM: &str =
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
@@ -199,6 +202,23 @@ impl Tokenizer {
         add_generation_prompt: bool,
     ) -> Result<Vec<i64>> {
         self.encode(&self.template.render(messages, add_generation_prompt))
+    }
+
+    /// [`Self::encode_chat`] with the template's `enable_thinking` (true is what every other
+    /// method renders). Only Qwen3's template reads it: with a vocabulary that has `</think>`, the
+    /// Qwen template given `enable_thinking = false` opens the answer with an empty thinking block,
+    /// as Qwen3's does; the other templates (and Qwen2's) ignore it, as theirs do.
+    pub fn encode_chat_thinking(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+    ) -> Result<Vec<i64>> {
+        let mut text = self.template.render(messages, add_generation_prompt);
+        if add_generation_prompt && !enable_thinking && self.template == ChatTemplate::Qwen && self.think_end_id.is_some() {
+            text.push_str(QWEN3_NO_THINKING);
+        }
+        self.encode(&text)
     }
 
     pub fn vocab_size(&self) -> usize {
