@@ -7,18 +7,21 @@
 //! a list of token ids, plus `logprobs` = how many top tokens per position,
 //! `return_tokens_as_token_ids` (tokens as `"token_id:123"`, as vLLM writes them) and
 //! `return_token_ids` (each choice's `token_ids`); those three not with `stream`),
-//! `GET /v1/models`, `GET /version`, `GET /health`. Responses have OpenAI's shapes; a streamed one
-//! is OpenAI's server-sent chunks ([`stream`]); a bad request gets HTTP 400 with an OpenAI-style
+//! `GET /v1/models`, `GET /version`, `GET /health`. Both take vLLM's `ignore_eos`,
+//! `skip_special_tokens` and `include_stop_str_in_output`; a chat also `add_generation_prompt` and
+//! `chat_template_kwargs.enable_thinking`. Responses have OpenAI's shapes; a streamed one is
+//! OpenAI's server-sent chunks ([`stream`]); a bad request gets HTTP 400 with an OpenAI-style
 //! `{"error": {...}}` body, never a crash, and so does a field this server would have to ignore
-//! (penalties, `logit_bias`, tools, a JSON `response_format`: [`refuse_unsupported`]).
+//! (penalties, `logit_bias`, tools, a JSON `response_format`, vLLM's `min_tokens`, beam search,
+//! ...: [`request`]).
 //!
 //! A completion's `token_logprobs` are those the sampler drew from (softmax(logits / T) after
 //! top-k and top-p, as the built-in rollout records them); its `top_logprobs` come from one
 //! prefill of the finished completion under that same distribution (only when `logprobs` > 0).
 //!
 //! One model, one generating thread: requests that arrive while others generate wait in the
-//! front's queue and are taken together next time; those with equal sampling params are generated
-//! together in `--max-batch` slots, a finished row's slot taking the next waiting row (continuous
+//! front's queue and are taken together next time; those with the same sampling distribution
+//! (each row keeps its own budget and stop rules) are generated together in `--max-batch` slots, a finished row's slot taking the next waiting row (continuous
 //! batching, as the built-in rollout). Choice i of a request samples with seed `seed + i` (vLLM's
 //! convention; a random seed when the request has none), so a request with `n = 1` and a row's
 //! seed samples exactly that row of the built-in rollout. Rows share the decode step's products
@@ -41,7 +44,7 @@ mod session;
 mod stream;
 
 use front::{EventSink, Front, Incoming};
-use request::{parse_chat, parse_completion, ApiError, CompletionFormat, PromptInput};
+use request::{parse_chat, parse_completion, ApiError, CompletionFormat, OutputOptions, PromptInput};
 use request::{bad, error_body};
 use stream::{Chunks, StreamOptions, TextStream};
 
@@ -68,6 +71,7 @@ struct Job {
     sampling: SamplingParams,
     n: usize,
     seed: u64,
+    output: OutputOptions,
     started: Instant,
 }
 
@@ -103,6 +107,7 @@ struct Prepared {
     n: usize,
     seed: u64,
     stream: Option<StreamOptions>,
+    output: OutputOptions,
 }
 
 struct State {
@@ -158,12 +163,16 @@ impl State {
         None
     }
 
-    /// Reply kind, prompt ids, sampling params (`max_tokens` clamped to the context), n and seed
-    /// of a chat body.
+    /// Reply kind, prompt ids, sampling params (`max_tokens` clamped to the context), n, seed and
+    /// output options of a chat body.
     fn prepare(&self, body: &[u8]) -> Result<Prepared, ApiError> {
         let chat = parse_chat(body, self.max_new_tokens)?;
-        let prompt = self.tok.encode_chat(&chat.messages, true).map_err(|e| bad(format!("tokenizing the messages: {e}")))?;
-        self.admit(Reply::Chat(chat.logprobs), prompt, chat.sampling, chat.n, chat.seed, chat.stream)
+        let prompt = self
+            .tok
+            .encode_chat_thinking(&chat.messages, chat.add_generation_prompt, chat.enable_thinking)
+            .map_err(|e| bad(format!("tokenizing the messages: {e}")))?;
+        let p = self.admit(Reply::Chat(chat.logprobs), prompt, chat.sampling, chat.n, chat.seed, chat.stream)?;
+        Ok(Prepared { output: chat.output, ..p })
     }
 
     /// [`State::prepare`] for a `/v1/completions` body.
@@ -177,10 +186,12 @@ impl State {
         if let Some(t) = prompt.iter().chain(&c.sampling.stop_token_ids).find(|&&t| t >= vocab) {
             return Err(bad(format!("token id {t} is outside the model's vocabulary of {vocab}")));
         }
-        self.admit(Reply::Completion(c.format), prompt, c.sampling, c.n, c.seed, c.stream)
+        let p = self.admit(Reply::Completion(c.format), prompt, c.sampling, c.n, c.seed, c.stream)?;
+        Ok(Prepared { output: c.output, ..p })
     }
 
-    /// Checks the prompt against the context, clamps `max_tokens` to it and draws a seed.
+    /// Checks the prompt against the context, clamps `max_tokens` to it and draws a seed (the
+    /// output options are the defaults: the caller sets the body's).
     fn admit(&self, reply: Reply, prompt: Vec<i64>, mut sampling: SamplingParams, n: usize, seed: Option<u64>, stream: Option<StreamOptions>) -> Result<Prepared, ApiError> {
         let context = self.model.cfg.max_position_embeddings as usize;
         if prompt.len() >= context {
@@ -192,7 +203,7 @@ impl State {
             let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
             t ^ self.served.get().wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
-        Ok(Prepared { reply, prompt, sampling, n, seed, stream })
+        Ok(Prepared { reply, prompt, sampling, n, seed, stream, output: OutputOptions::default() })
     }
 
     /// The reply's id: the same in every chunk of a streamed one.
@@ -217,10 +228,11 @@ impl State {
                         sink.send(&chunks.role(i));
                     }
                 }
-                Answerer::Events(Events { sink, chunks, texts: (0..p.n).map(|_| TextStream::default()).collect() })
+                let texts = (0..p.n).map(|_| TextStream::new(p.output.skip_special_tokens)).collect();
+                Answerer::Events(Events { sink, chunks, texts })
             }
         };
-        Job { answer, reply: p.reply, prompt: p.prompt, sampling: p.sampling, n: p.n, seed: p.seed, started }
+        Job { answer, reply: p.reply, prompt: p.prompt, sampling: p.sampling, n: p.n, seed: p.seed, output: p.output, started }
     }
 
     /// Choice `choice` of a job has `tokens` so far: a streamed job sends the text they add.
@@ -246,7 +258,11 @@ impl State {
     /// Choice `choice` of a streamed job ended: sends the rest of its text and why it ended.
     fn stream_end(&self, job: &mut Job, choice: usize, g: &model::Generation) {
         let Answerer::Events(ev) = &mut job.answer else { return };
-        let rest = ev.texts[choice].finish(g.text.as_deref().unwrap_or(""));
+        let text = self.choice_text(job.output, &job.sampling.stop_strings, g).unwrap_or_else(|e| {
+            tracing::warn!("{e}");
+            g.text.clone().unwrap_or_default()
+        });
+        let rest = ev.texts[choice].finish(&text);
         ev.sink.send(&ev.chunks.end(choice, rest.as_deref(), g.finish_reason.as_str()));
     }
 
@@ -266,7 +282,7 @@ impl State {
             }
             Answerer::Whole(request) => request,
         };
-        let choices: Result<Vec<Value>, String> = gens.iter().enumerate().map(|(i, g)| self.choice(job.reply, &job.prompt, &job.sampling, i, g)).collect();
+        let choices: Result<Vec<Value>, String> = gens.iter().enumerate().map(|(i, g)| self.choice(job.reply, &job.prompt, &job.sampling, job.output, i, g)).collect();
         let choices = match choices {
             Ok(c) => c,
             Err(msg) => return fail(Job { answer: Answerer::Whole(request), ..job }, &msg),
@@ -304,6 +320,21 @@ impl State {
         Ok(f.top)
     }
 
+    /// A choice's text as its request asked: the generation's own (special tokens left out, cut
+    /// before the stop string that ended it) unless `skip_special_tokens` is false or
+    /// `include_stop_str_in_output` true; then decoded again so, and cut before (or after) the
+    /// stop string that starts first (the first listed of those starting there).
+    fn choice_text(&self, output: OutputOptions, stops: &[String], g: &model::Generation) -> Result<String, String> {
+        if output.skip_special_tokens && !output.include_stop_str {
+            return Ok(g.text.clone().unwrap_or_default());
+        }
+        let mut text = self.tok.decode(&g.tokens, output.skip_special_tokens).map_err(|e| format!("decoding a choice: {e}"))?;
+        if let Some((at, stop)) = stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s))).min_by_key(|&(at, _)| at) {
+            text.truncate(if output.include_stop_str { at + stop.len() } else { at });
+        }
+        Ok(text)
+    }
+
     /// Token `t`'s text, special tokens written out.
     fn token_text(&self, t: i64) -> Result<String, String> {
         self.tok.decode(&[t], false).map_err(|e| format!("decoding token {t}: {e}"))
@@ -329,8 +360,8 @@ impl State {
     }
 
     /// Choice `i` of a reply to `prompt` sampled under `sampling`.
-    fn choice(&self, reply: Reply, prompt: &[i64], sampling: &SamplingParams, i: usize, g: &model::Generation) -> Result<Value, String> {
-        let text = g.text.clone().unwrap_or_default();
+    fn choice(&self, reply: Reply, prompt: &[i64], sampling: &SamplingParams, output: OutputOptions, i: usize, g: &model::Generation) -> Result<Value, String> {
+        let text = self.choice_text(output, &sampling.stop_strings, g)?;
         let finish = g.finish_reason.as_str();
         let format = match reply {
             Reply::Completion(format) => format,

@@ -193,6 +193,49 @@ fn own_budgets_and_stops_check(url: &str, question: &str) {
     assert!(reasons.contains(&"stop") && reasons.contains(&"length"), "both ways of ending: {reasons:?}");
 }
 
+/// vLLM's output options: `ignore_eos` samples on past the end-of-sequence token (the same tokens
+/// up to it), `skip_special_tokens = false` writes that token in the text, and
+/// `include_stop_str_in_output` keeps the stop string; streamed, each gives the text it gives
+/// whole.
+fn output_options_check(url: &str, question: &str) {
+    let complete = |extra: Value| {
+        let mut b = json!({"model": "tiny-sft", "prompt": question, "temperature": 1.0, "max_tokens": 24, "return_token_ids": true});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, r) = raw(url, "POST", "/v1/completions", &b.to_string());
+        assert_eq!(status, 200, "{r}");
+        r["choices"][0].clone()
+    };
+    let ids = |c: &Value| -> Vec<i64> { serde_json::from_value(c["token_ids"].clone()).unwrap() };
+    // A seed whose completion ends at the end-of-sequence token within the budget, after some text.
+    let (seed, ended) = (0..64)
+        .map(|s| (s, complete(json!({"seed": s}))))
+        .find(|(_, c)| c["finish_reason"] == "stop" && c["text"].as_str().unwrap().chars().count() >= 3)
+        .expect("a completion of the tiny model that ends by itself within 24 tokens");
+    let past = complete(json!({"seed": seed, "ignore_eos": true}));
+    assert_eq!((past["finish_reason"].as_str(), ids(&past).len()), (Some("length"), 24), "{past}");
+    assert!(ids(&past).starts_with(&ids(&ended)), "the same tokens up to the end-of-sequence token: {past} vs {ended}");
+    let text = |c: &Value| c["text"].as_str().unwrap().to_string();
+    let special = complete(json!({"seed": seed, "ignore_eos": true, "skip_special_tokens": false}));
+    assert_eq!(ids(&special), ids(&past));
+    assert!(text(&special).starts_with(&text(&ended)) && text(&special).len() > text(&past).len(), "{special} vs {past}");
+    // A stop string from the middle of the text, kept or not.
+    let chars: Vec<char> = text(&ended).chars().collect();
+    let stop = chars[chars.len() / 2].to_string();
+    let cut = complete(json!({"seed": seed, "stop": [stop]}));
+    let kept = complete(json!({"seed": seed, "stop": [stop], "include_stop_str_in_output": true}));
+    assert_eq!((cut["finish_reason"].as_str(), kept["finish_reason"].as_str()), (Some("stop"), Some("stop")));
+    assert_eq!(text(&kept), format!("{}{stop}", text(&cut)), "stop {stop:?}");
+    // Streamed, the same texts.
+    for (whole, extra) in [(&special, json!({"ignore_eos": true, "skip_special_tokens": false})), (&kept, json!({"stop": [stop], "include_stop_str_in_output": true}))] {
+        let mut b = json!({"model": "tiny-sft", "prompt": question, "temperature": 1.0, "max_tokens": 24, "seed": seed, "stream": true});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, events) = raw_events(url, "/v1/completions", &b.to_string());
+        assert_eq!((status, events.last().map(String::as_str)), (200, Some("[DONE]")), "{events:?}");
+        let streamed: String = events[..events.len() - 1].iter().map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string()).collect();
+        assert_eq!(streamed, text(whole), "streamed with {extra}");
+    }
+}
+
 /// `tests/python/openai_client.py` (the `openai` package: models, seeded chat with n = 2, a
 /// token-id completion with top logprobs, 400s, 48 requests from 16 threads without retries)
 /// against the server. A SKIP without the package; under CI (`make test-deps` installs it) a
@@ -285,6 +328,7 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     assert!(pieces > 2, "the text came in pieces as it decoded, not whole at the end: {events:?}");
 
     own_budgets_and_stops_check(&server.url, &rows[0].question);
+    output_options_check(&server.url, &rows[0].question);
 
     // A stage's checkpoint named through its pipeline: the same model, its id `STAGE.OUTPUT`.
     {

@@ -36,6 +36,60 @@ pub struct ChatBody {
     pub stream: Option<StreamOptions>,
     /// `logprobs` / `top_logprobs`: `None` = no logprobs; `Some(k)` = each token's and its top k.
     pub logprobs: Option<usize>,
+    /// `add_generation_prompt` (default true): the assistant turn is opened.
+    pub add_generation_prompt: bool,
+    /// `chat_template_kwargs.enable_thinking` (default true; Qwen3's template reads it).
+    pub enable_thinking: bool,
+    pub output: OutputOptions,
+}
+
+/// vLLM's request fields that shape a choice's end and text, both endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputOptions {
+    /// `ignore_eos`: the model's end-of-sequence tokens do not end a choice (`stop`,
+    /// `stop_token_ids` and `max_tokens` still do).
+    pub ignore_eos: bool,
+    /// `skip_special_tokens` (default true): special tokens are left out of the text.
+    pub skip_special_tokens: bool,
+    /// `include_stop_str_in_output`: the text keeps the stop string that ended it.
+    pub include_stop_str: bool,
+}
+
+impl Default for OutputOptions {
+    fn default() -> Self {
+        OutputOptions { ignore_eos: false, skip_special_tokens: true, include_stop_str: false }
+    }
+}
+
+/// A boolean field, `default` when absent or null.
+fn flag(obj: &serde_json::Map<String, Value>, name: &str, default: bool) -> Result<bool, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_bool().ok_or_else(|| bad(format!("`{name}` must be a boolean"))),
+    }
+}
+
+/// [`OutputOptions`] of a body.
+fn parse_output(obj: &serde_json::Map<String, Value>) -> Result<OutputOptions, ApiError> {
+    Ok(OutputOptions {
+        ignore_eos: flag(obj, "ignore_eos", false)?,
+        skip_special_tokens: flag(obj, "skip_special_tokens", true)?,
+        include_stop_str: flag(obj, "include_stop_str_in_output", false)?,
+    })
+}
+
+/// `chat_template_kwargs`: only `enable_thinking` (a boolean) is known; any other key would
+/// change the prompt in a way this server cannot, so it is refused.
+fn parse_enable_thinking(obj: &serde_json::Map<String, Value>) -> Result<bool, ApiError> {
+    let kwargs = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => return Ok(true),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(bad("`chat_template_kwargs` must be an object")),
+    };
+    if let Some(k) = kwargs.keys().find(|k| *k != "enable_thinking") {
+        return Err(bad(format!("`chat_template_kwargs.{k}` is not supported by rredcot serve (only `enable_thinking` is)")));
+    }
+    flag(kwargs, "enable_thinking", true)
 }
 
 /// The text of a message's `content`: a string, or an array of `{type: "text", text}` parts.
@@ -95,27 +149,65 @@ pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiErr
     if logprobs.is_some() && stream.is_some() {
         return Err(bad("`logprobs` is not supported with stream = true"));
     }
-    Ok(ChatBody { messages, sampling, n, seed, stream, logprobs })
+    let add_generation_prompt = flag(&obj, "add_generation_prompt", true)?;
+    let enable_thinking = parse_enable_thinking(&obj)?;
+    Ok(ChatBody { messages, sampling, n, seed, stream, logprobs, add_generation_prompt, enable_thinking, output: parse_output(&obj)? })
 }
 
-/// Request fields that would change what is generated or how, which this server does not do:
-/// refused (400) unless they hold their do-nothing value, rather than silently ignored.
+/// The request fields this server reads (either endpoint).
+const READ: &[&str] = &[
+    "model", "messages", "prompt", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "n", "seed", "stop",
+    "stop_token_ids", "stream", "stream_options", "logprobs", "top_logprobs", "return_tokens_as_token_ids", "return_token_ids",
+    "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "add_generation_prompt", "chat_template_kwargs",
+];
+
+/// Fields that change nothing this server generates or sends, whatever they hold (labels,
+/// scheduling and billing hints, how often a stream sends, a reasoning field no parser fills).
+const INERT: &[&str] = &[
+    "user", "request_id", "session_id", "cache_salt", "stream_interval", "parallel_tool_calls", "service_tier", "store",
+    "metadata", "include_reasoning",
+];
+
+/// Request fields (OpenAI's and vLLM's extra ones) that would change what is generated or sent,
+/// which this server does not do: refused (400) unless they hold their do-nothing value, rather
+/// than silently ignored. A field no one here knows is logged as ignored, as vLLM does.
 fn refuse_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
-    let inert = |name: &str, v: &Value| match name {
-        "presence_penalty" | "frequency_penalty" | "min_p" => v.as_f64() == Some(0.0),
-        "repetition_penalty" => v.as_f64() == Some(1.0),
-        "logit_bias" => v.as_object().is_some_and(|o| o.is_empty()),
-        "tools" | "functions" => v.as_array().is_some_and(|a| a.is_empty()),
-        "tool_choice" | "function_call" => v.as_str() == Some("none"),
-        "response_format" => v.get("type").and_then(Value::as_str) == Some("text"),
-        "suffix" => v.as_str() == Some(""),
-        "guided_json" | "guided_regex" | "guided_choice" | "guided_grammar" => false,
-        _ => true,
+    // `None`: not one of these fields; `Some(inert)`: whether `v` is its do-nothing value (a
+    // field whose only such value is null, as all are, gets false).
+    let inert = |name: &str, v: &Value| -> Option<bool> {
+        Some(match name {
+            "presence_penalty" | "frequency_penalty" | "min_p" => v.as_f64() == Some(0.0),
+            "repetition_penalty" | "length_penalty" => v.as_f64() == Some(1.0),
+            "min_tokens" | "priority" => v.as_u64() == Some(0),
+            "best_of" => v.as_u64().is_some_and(|b| b <= 1),
+            "logit_bias" => v.as_object().is_some_and(|o| o.is_empty()),
+            "tools" | "functions" | "bad_words" | "documents" => v.as_array().is_some_and(|a| a.is_empty()),
+            "tool_choice" | "function_call" => v.as_str() == Some("none"),
+            "response_format" => v.get("type").and_then(Value::as_str) == Some("text"),
+            "modalities" => v.as_array().is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text"))),
+            "suffix" => v.as_str() == Some(""),
+            "echo" | "use_beam_search" | "early_stopping" | "continue_final_message" | "add_special_tokens" | "watermarking"
+            | "return_token_offsets" | "return_prompt_text" | "return_mm_kwargs" => v.as_bool() == Some(false),
+            "spaces_between_special_tokens" | "detokenize" => v.as_bool() == Some(true),
+            "guided_json" | "guided_regex" | "guided_choice" | "guided_grammar" | "guided_decoding_backend" | "structured_outputs"
+            | "allowed_token_ids" | "prompt_logprobs" | "logprob_token_ids" | "truncate_prompt_tokens" | "truncation_side"
+            | "chat_template" | "reasoning_effort" | "thinking_token_budget" | "repetition_detection" | "vllm_xargs"
+            | "logits_processors" | "mm_processor_kwargs" | "media_io_kwargs" | "mm_payload" | "prompt_embeds" | "audio"
+            | "prediction" | "web_search_options" | "kv_transfer_params" | "ec_transfer_params" => false,
+            _ => return None,
+        })
     };
+    let mut ignored = Vec::new();
     for (name, v) in obj {
-        if !v.is_null() && !inert(name, v) {
-            return Err(bad(format!("`{name}` is not supported by rredcot serve")));
+        match inert(name, v) {
+            Some(false) if !v.is_null() => return Err(bad(format!("`{name}` is not supported by rredcot serve"))),
+            Some(_) => {}
+            None if READ.contains(&name.as_str()) || INERT.contains(&name.as_str()) => {}
+            None => ignored.push(name.as_str()),
         }
+    }
+    if !ignored.is_empty() {
+        tracing::warn!("request fields unknown to rredcot serve, ignored: {}", ignored.join(", "));
     }
     Ok(())
 }
@@ -250,6 +342,7 @@ pub struct CompletionBody {
     pub seed: Option<u64>,
     pub format: CompletionFormat,
     pub stream: Option<StreamOptions>,
+    pub output: OutputOptions,
 }
 
 /// Parses and validates a completion request (one prompt per request); `max_new_tokens` as in
@@ -269,12 +362,6 @@ pub fn parse_completion(body: &[u8], max_new_tokens: usize) -> Result<Completion
     if matches!(&prompt, PromptInput::Ids(ids) if ids.is_empty()) || matches!(&prompt, PromptInput::Text(t) if t.is_empty()) {
         return Err(bad("`prompt` is empty"));
     }
-    if obj.get("echo").and_then(Value::as_bool) == Some(true) {
-        return Err(bad("echo = true is not supported"));
-    }
-    if obj.get("best_of").and_then(Value::as_u64).is_some_and(|b| b > 1) {
-        return Err(bad("best_of is not supported"));
-    }
     let logprobs = match obj.get("logprobs") {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {
@@ -282,13 +369,11 @@ pub fn parse_completion(body: &[u8], max_new_tokens: usize) -> Result<Completion
             _ => return Err(bad(format!("`logprobs` must be an integer in 0..={MAX_LOGPROBS}"))),
         },
     };
-    let flag = |name: &str| -> Result<bool, ApiError> {
-        match obj.get(name) {
-            None | Some(Value::Null) => Ok(false),
-            Some(v) => v.as_bool().ok_or_else(|| bad(format!("`{name}` must be a boolean"))),
-        }
+    let format = CompletionFormat {
+        logprobs,
+        ids_as_tokens: flag(&obj, "return_tokens_as_token_ids", false)?,
+        return_ids: flag(&obj, "return_token_ids", false)?,
     };
-    let format = CompletionFormat { logprobs, ids_as_tokens: flag("return_tokens_as_token_ids")?, return_ids: flag("return_token_ids")? };
     let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
     let stream = parse_stream(&obj)?;
     // Top logprobs come from a prefill of the finished choice, and streamed text is cut where the
@@ -300,7 +385,7 @@ pub fn parse_completion(body: &[u8], max_new_tokens: usize) -> Result<Completion
             }
         }
     }
-    Ok(CompletionBody { prompt, sampling, n, seed, format, stream })
+    Ok(CompletionBody { prompt, sampling, n, seed, format, stream, output: parse_output(&obj)? })
 }
 
 #[cfg(test)]
@@ -366,6 +451,53 @@ mod tests {
         ] {
             let e = parse_completion(body, 16).unwrap_err();
             assert!(e.status == 400 && e.message.contains(want), "{}: {}", String::from_utf8_lossy(body), e.message);
+        }
+    }
+
+    #[test]
+    fn vllm_output_options_and_template_kwargs_parse() {
+        let q = r#""messages":[{"role":"user","content":"q"}]"#;
+        let chat = |extra: &str| parse_chat(format!("{{{q}{extra}}}").as_bytes(), 64);
+        let b = chat("").unwrap();
+        assert_eq!((b.output, b.add_generation_prompt, b.enable_thinking), (OutputOptions::default(), true, true));
+        assert_eq!(b.output, OutputOptions { ignore_eos: false, skip_special_tokens: true, include_stop_str: false });
+        let b = chat(r#","ignore_eos":true,"skip_special_tokens":false,"include_stop_str_in_output":true,"add_generation_prompt":false,"chat_template_kwargs":{"enable_thinking":false}"#).unwrap();
+        assert_eq!(b.output, OutputOptions { ignore_eos: true, skip_special_tokens: false, include_stop_str: true });
+        assert_eq!((b.add_generation_prompt, b.enable_thinking), (false, false));
+        let c = parse_completion(br#"{"prompt":[1],"ignore_eos":true,"include_stop_str_in_output":true}"#, 8).unwrap();
+        assert_eq!(c.output, OutputOptions { ignore_eos: true, skip_special_tokens: true, include_stop_str: true });
+        // vLLM's fields at their do-nothing values, labels and hints, and a field no one knows
+        // (logged as ignored) are accepted.
+        assert!(chat(r#","min_tokens":0,"bad_words":[],"echo":false,"use_beam_search":false,"length_penalty":1.0,"spaces_between_special_tokens":true,
+                     "priority":0,"best_of":1,"add_special_tokens":false,"continue_final_message":false,"modalities":["text"],"user":"u",
+                     "request_id":"r","stream_interval":2,"include_reasoning":true,"metadata":{"a":"b"},"chat_template":null,"no_such_field":3"#)
+            .is_ok());
+        // What they would change and is not done here is refused, naming the field.
+        for (extra, want) in [
+            (r#","min_tokens":5"#, "`min_tokens`"),
+            (r#","bad_words":["x"]"#, "`bad_words`"),
+            (r#","allowed_token_ids":[1,2]"#, "`allowed_token_ids`"),
+            (r#","prompt_logprobs":1"#, "`prompt_logprobs`"),
+            (r#","echo":true"#, "`echo`"),
+            (r#","continue_final_message":true"#, "`continue_final_message`"),
+            (r#","chat_template":"{{ messages }}""#, "`chat_template`"),
+            (r#","add_special_tokens":true"#, "`add_special_tokens`"),
+            (r#","truncate_prompt_tokens":5"#, "`truncate_prompt_tokens`"),
+            (r#","use_beam_search":true"#, "`use_beam_search`"),
+            (r#","length_penalty":0.5"#, "`length_penalty`"),
+            (r#","spaces_between_special_tokens":false"#, "`spaces_between_special_tokens`"),
+            (r#","structured_outputs":{"json":{}}"#, "`structured_outputs`"),
+            (r#","priority":1"#, "`priority`"),
+            (r#","reasoning_effort":"low""#, "`reasoning_effort`"),
+            (r#","best_of":2"#, "`best_of`"),
+            (r#","chat_template_kwargs":{"tools":[]}"#, "`chat_template_kwargs.tools`"),
+            (r#","chat_template_kwargs":{"enable_thinking":"no"}"#, "`enable_thinking` must be a boolean"),
+            (r#","chat_template_kwargs":[1]"#, "must be an object"),
+            (r#","ignore_eos":1"#, "`ignore_eos` must be a boolean"),
+            (r#","skip_special_tokens":"no""#, "`skip_special_tokens` must be a boolean"),
+        ] {
+            let e = chat(extra).unwrap_err();
+            assert!(e.status == 400 && e.message.contains(want), "{extra}: {}", e.message);
         }
     }
 

@@ -81,7 +81,9 @@ impl RowFeed for Feed<'_> {
         let job = &self.running[j].as_ref().expect("a job being fed is not answered").job;
         self.current = (choice + 1 < job.n).then_some((j, choice + 1));
         self.rows.push((j, choice));
-        let stops = StopRules::new(Some(&self.state.tok), &job.sampling.stop_strings, &job.sampling.stop_token_ids);
+        // `ignore_eos`: the tokenizer's end-of-sequence ids are left out of the row's stop ids.
+        let eos_of = (!job.output.ignore_eos).then_some(&self.state.tok);
+        let stops = StopRules::new(eos_of, &job.sampling.stop_strings, &job.sampling.stop_token_ids);
         Some(FedRow { prompt: job.prompt.clone(), seed: job.seed.wrapping_add(choice as u64), limit: job.sampling.max_new_tokens, stops: Some(stops) })
     }
 

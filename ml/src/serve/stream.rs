@@ -20,8 +20,10 @@ pub struct StreamOptions {
 }
 
 /// One choice's text as it streams out.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TextStream {
+    /// Special tokens are left out of the text (the request's `skip_special_tokens`).
+    skip_special: bool,
     /// The text decoded so far, and how many of its bytes were sent.
     decoded: String,
     sent: usize,
@@ -31,14 +33,25 @@ pub struct TextStream {
     read: usize,
 }
 
+impl Default for TextStream {
+    fn default() -> Self {
+        TextStream::new(true)
+    }
+}
+
 impl TextStream {
+    /// A choice's stream, its text with or without special tokens.
+    pub fn new(skip_special: bool) -> Self {
+        TextStream { skip_special, decoded: String::new(), sent: 0, prefix: 0, read: 0 }
+    }
+
     /// The text to send now, given every token of the choice so far: what is new since the last
     /// call, except the last `hold` characters (a stop string of `hold + 1` characters could
     /// start there) and anything from a stop string on.
     pub fn advance(&mut self, tok: &Tokenizer, tokens: &[i64], hold: usize, stops: &[String]) -> Result<Option<String>> {
         if tokens.len() > self.read {
-            let before = tok.decode(&tokens[self.prefix..self.read], true)?;
-            let now = tok.decode(&tokens[self.prefix..], true)?;
+            let before = tok.decode(&tokens[self.prefix..self.read], self.skip_special)?;
+            let now = tok.decode(&tokens[self.prefix..], self.skip_special)?;
             // Complete characters only; a window whose text did not grow waits for more tokens.
             if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.is_char_boundary(before.len()) && now.starts_with(&before) {
                 self.decoded.push_str(&now[before.len()..]);
@@ -64,7 +77,7 @@ impl TextStream {
         Ok(self.take(end))
     }
 
-    /// The rest of the choice's `final_text` (its whole text, cut before a stop string) not sent
+    /// The rest of the choice's `final_text` (its whole text, cut at a stop string) not sent
     /// yet. If what was sent is not where `final_text` starts (a tokenizer whose decode of a
     /// prefix is not a prefix of its decode of the whole), the text from where they part is sent
     /// and a warning logged: sent text cannot be taken back.
