@@ -5,9 +5,10 @@
 #    (the baseline: the same decode with nothing around it), same run;
 #  - streamed: seconds to the first piece of text and to the end, vs the same request unstreamed;
 #  - 16 requests at once on 16 slots vs one after another on 1 slot (the batch's gain);
-#  - 16 requests at once, each with its own max_tokens (and every other one a stop string), vs
-#    the same one after another on 16 slots: what a server that batches only requests of equal
-#    params (rredcot before each row kept its own budget and stops) gets from them.
+#  - 16 requests at once, each with its own max_tokens, temperature (0, 0.5, 0.7, 1.0) and top_p
+#    (and every other one a stop string), vs the same one after another on 16 slots: what a
+#    server that batches only requests of equal params (rredcot before each row kept its own)
+#    gets from them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
@@ -77,9 +78,9 @@ for r in range(reps):
     s, _ = timed(lambda: [c1.chat.completions.create(**ask(100 + i)) for i in range(16)])
     seq1.append(s)
 batch_tokens = sum(o.usage.completion_tokens for o in outs)
-# Each its own budget (20..80 tokens) and every other one a stop string: the same sampling
-# distribution, so they can decode side by side.
-mixed = lambda i: {**ask(200 + i), "max_tokens": 20 + 4 * i, "stop": ["\n\n"] if i % 2 else None}
+# Each its own budget (20..80 tokens), temperature and top_p, and every other one a stop string.
+mixed = lambda i: {**ask(200 + i), "max_tokens": 20 + 4 * i, "stop": ["\n\n"] if i % 2 else None,
+                   "temperature": [0.7, 0.0, 1.0, 0.5][i % 4], "top_p": 0.9 if i % 3 == 0 else 1.0}
 mixed16, mixed_seq = [], []
 for r in range(reps):
     with ThreadPoolExecutor(16) as pool:
@@ -113,7 +114,7 @@ out = {
     "mixed16_concurrent_s": med(mixed16),
     "mixed16_one_by_one_on_16_slots_s": med(mixed_seq),
     "mixed16_speedup": med(mixed_seq) / med(mixed16),
-    "mixed16_note": "before each row kept its own max_tokens and stops, the server batched only requests of equal params: the 16 mixed ones at once took 19.1 s vs 19.1 s one after another (1.00x, measured by hand on 696aabe with the same requests), the same texts",
+    "mixed16_note": "before each row kept its own max_tokens, stops and distribution, the server batched only requests of equal params: see README (measured by hand on 696aabe with the same requests)",
 }
 json.dump(out, open(dest, "w"), indent=2)
 print(json.dumps(out, indent=2))

@@ -167,11 +167,16 @@ fn replies(path: &Path) -> Vec<String> {
     rredcot::stages::judge::read_judgments(path).unwrap().into_iter().map(|j| j.reply).collect()
 }
 
-/// Requests with their own `max_tokens` and `stop` strings (rows of one session each keep their
-/// own), sent all at once, each get what the same seeded request gets alone.
-fn own_budgets_and_stops_check(url: &str, question: &str) {
+/// Requests with their own `max_tokens`, `stop` strings, temperature, `top_p` and `top_k` (rows of
+/// one session each keep their own), sent all at once, each get what the same seeded request gets
+/// alone.
+fn own_params_check(url: &str, question: &str) {
     const N: usize = 8;
-    let body = |i: usize, stop: &[String]| json!({"model": "tiny-sft", "messages": [{"role": "user", "content": question}], "seed": 40 + i, "temperature": 1.0, "max_tokens": 3 + 3 * i, "stop": stop});
+    let body = |i: usize, stop: &[String]| {
+        let (temperature, top_p, top_k) = ([1.0, 0.0, 0.7, 1.3][i % 4], if i.is_multiple_of(3) { 0.8 } else { 1.0 }, if i.is_multiple_of(2) { 5 } else { 0 });
+        json!({"model": "tiny-sft", "messages": [{"role": "user", "content": question}], "seed": 40 + i, "max_tokens": 3 + 3 * i, "stop": stop,
+               "temperature": temperature, "top_p": top_p, "top_k": top_k})
+    };
     let chat = |b: &Value| raw(url, "POST", "/v1/chat/completions", &b.to_string()).1;
     // Every other request stops at a character from the middle of its free text.
     let stops: Vec<Vec<String>> = (0..N)
@@ -187,7 +192,7 @@ fn own_budgets_and_stops_check(url: &str, question: &str) {
         sent.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for i in 0..N {
-        assert_eq!(together[i]["choices"], alone[i]["choices"], "request {i} (max_tokens {}, stop {:?})", 3 + 3 * i, stops[i]);
+        assert_eq!(together[i]["choices"], alone[i]["choices"], "request {i}: {}", body(i, &stops[i]));
     }
     let reasons: Vec<&str> = alone.iter().map(|r| r["choices"][0]["finish_reason"].as_str().unwrap()).collect();
     assert!(reasons.contains(&"stop") && reasons.contains(&"length"), "both ways of ending: {reasons:?}");
@@ -327,7 +332,7 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     println!("streamed: {} chunks, {pieces} pieces of text for {} tokens", chunks.len(), resp["usage"]["completion_tokens"]);
     assert!(pieces > 2, "the text came in pieces as it decoded, not whole at the end: {events:?}");
 
-    own_budgets_and_stops_check(&server.url, &rows[0].question);
+    own_params_check(&server.url, &rows[0].question);
     output_options_check(&server.url, &rows[0].question);
 
     // A stage's checkpoint named through its pipeline: the same model, its id `STAGE.OUTPUT`.

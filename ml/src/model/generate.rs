@@ -877,8 +877,10 @@ pub fn generate_continuous_within_context<'a>(
 /// Continuous batching's slots between read-backs: filled with a prompt, freed, stepped.
 trait Slots {
     /// Prefills `prompt` alone into slot `s` (its cache columns from 0); it decodes from the
-    /// next step on.
-    fn fill(&mut self, s: usize, prompt: &[i64]);
+    /// next step on, sampling from `own`'s distribution if given, else from the session's.
+    fn fill(&mut self, s: usize, prompt: &[i64], own: Option<SamplingParams>);
+    /// Whether slots may sample from distributions other than the session's.
+    fn mixes(&self) -> bool;
     /// Slot `s`'s row finished: the slot decodes nothing until it is filled again.
     fn free(&mut self, s: usize);
     /// `n` steps, step `j` sampling with uniforms `u[j]` (`[slots]`): each step's `[slots, 4]`
@@ -897,9 +899,11 @@ struct EagerSlots<'a> {
     cache: KvCache,
     /// Next-token logits `[slots, V]`.
     logits: Tensor,
-    /// Each slot's next cache column, and whether it decodes a row.
+    /// Each slot's next cache column, whether it decodes a row, and the distribution its row
+    /// samples from where that is not the session's.
     column: Vec<i64>,
     live: Vec<bool>,
+    own: Vec<Option<SamplingParams>>,
     last_fill: Option<LastFill>,
 }
 
@@ -914,15 +918,55 @@ impl<'a> EagerSlots<'a> {
             cache,
             column: vec![0; b as usize],
             live: vec![false; b as usize],
+            own: vec![None; b as usize],
             last_fill: None,
         }
     }
+
+    /// One step's `[b, 4]` records and `[b]` tokens for slots `lo..lo + b` from their `logits`
+    /// and uniforms `u`: one sampler call when every live slot among them samples from the same
+    /// distribution (a free slot samples from any), else one per distribution over its slots'
+    /// rows, which gives each row what it gets alone (the sampler works row by row).
+    fn sample(&self, logits: &Tensor, u: &Tensor, lo: usize, b: usize) -> (Tensor, Tensor) {
+        let mut groups: Vec<(&SamplingParams, Vec<i64>)> = Vec::new();
+        for i in 0..b {
+            let s = lo + i;
+            let Some(p) = self.live[s].then(|| self.own[s].as_ref().unwrap_or(self.p)) else { continue };
+            match groups.iter_mut().find(|(q, _)| same_distribution(q, p)) {
+                Some((_, rows)) => rows.push(i as i64),
+                None => groups.push((p, vec![i as i64])),
+            }
+        }
+        if groups.len() <= 1 {
+            return sample_record(logits, groups.first().map_or(self.p, |g| g.0), u);
+        }
+        let dev = logits.device();
+        let (mut rec, mut tok) = (Tensor::zeros([b as i64, 4], (Kind::Double, dev)), Tensor::zeros([b as i64], (Kind::Int64, dev)));
+        for (p, rows) in groups {
+            let idx = Tensor::from_slice(&rows).to_device(dev);
+            let (r, t) = sample_record(&logits.index_select(0, &idx), p, &u.index_select(0, &idx));
+            rec = rec.index_copy(0, &idx, &r);
+            tok = tok.index_copy(0, &idx, &t);
+        }
+        (rec, tok)
+    }
+}
+
+/// Whether `a` and `b` sample from the same distribution (temperature, top-p, top-k; their
+/// budgets and stop rules aside).
+pub fn same_distribution(a: &SamplingParams, b: &SamplingParams) -> bool {
+    a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k
 }
 
 impl Slots for EagerSlots<'_> {
-    fn fill(&mut self, s: usize, prompt: &[i64]) {
+    fn fill(&mut self, s: usize, prompt: &[i64], own: Option<SamplingParams>) {
         self.column[s] = fill_slot(self.model, prompt, s, &mut self.cache, &mut self.logits, &mut self.last_fill);
         self.live[s] = true;
+        self.own[s] = own;
+    }
+
+    fn mixes(&self) -> bool {
+        true
     }
 
     fn free(&mut self, s: usize) {
@@ -947,7 +991,7 @@ impl Slots for EagerSlots<'_> {
         let mut logits = self.logits.narrow(0, lo, b);
         let mut records = Vec::with_capacity(n);
         for j in 0..n {
-            let (rec, tok) = sample_record(&logits, self.p, &u.get(j as i64).narrow(0, lo, b));
+            let (rec, tok) = self.sample(&logits, &u.get(j as i64).narrow(0, lo, b), first, b as usize);
             // Every slot's row of the record, as the caller reads it.
             records.push(if b == slots {
                 rec
@@ -991,8 +1035,14 @@ struct FixedSlots<'a> {
 }
 
 impl Slots for FixedSlots<'_> {
-    fn fill(&mut self, s: usize, prompt: &[i64]) {
+    /// `own` is the session's distribution here ([`Occupants::refill`] checks it).
+    fn fill(&mut self, s: usize, prompt: &[i64], _own: Option<SamplingParams>) {
         self.step.fill(s, prompt);
+    }
+
+    /// A captured step samples from the one distribution it was captured with.
+    fn mixes(&self) -> bool {
+        false
     }
 
     fn free(&mut self, s: usize) {
@@ -1033,13 +1083,22 @@ pub trait RowFeed {
 }
 
 /// A row for [`RowFeed::next_row`]: prompt ids, the row's seed, its token budget and, where it
-/// has its own, its stop rules (a server's requests may each have theirs; `None`: the session's
-/// params').
+/// has its own (a server's requests may each have theirs; `None`: the session's params'), its
+/// stop rules and the distribution it samples from (`sampling`'s temperature, top-p and top-k;
+/// its other fields are not read). Only the eager steps mix distributions
+/// ([`fed_rows_may_mix_distributions`]).
 pub struct FedRow {
     pub prompt: Vec<i64>,
     pub seed: u64,
     pub limit: usize,
     pub stops: Option<StopRules>,
+    pub sampling: Option<SamplingParams>,
+}
+
+/// Whether [`generate_fed`] on `dev` takes rows whose distributions differ (the eager steps do; a
+/// captured CUDA-graph step samples from one).
+pub fn fed_rows_may_mix_distributions(dev: Device) -> bool {
+    steps_on(dev) == Steps::Eager
 }
 
 /// Continuous batching over rows that `feed` gives while the decode runs: at most `slots` rows
@@ -1072,7 +1131,7 @@ impl RowFeed for ListFeed<'_> {
         let r = self.out.len();
         let prompt = self.prompts.get(r)?.clone();
         self.out.push(None);
-        Some(FedRow { prompt, seed: self.seeds[r], limit: self.limits[r], stops: None })
+        Some(FedRow { prompt, seed: self.seeds[r], limit: self.limits[r], stops: None, sampling: None })
     }
 
     fn finished(&mut self, id: usize, g: Generation) {
@@ -1136,6 +1195,15 @@ impl Occupants {
                 if next.stops.as_ref().is_some_and(|s| !s.strings.is_empty()) && rows.tokenizer.is_none() {
                     return Err(ModelError::Request("stop strings need a tokenizer".into()));
                 }
+                if let Some(own) = &next.sampling {
+                    check_params(rows.tokenizer, own)?;
+                    if !decoder.mixes() && !same_distribution(own, rows.p) {
+                        return Err(ModelError::Request(format!(
+                            "row {}: its sampling distribution differs from the session's, which these decode steps (CUDA graphs) cannot mix",
+                            rows.out.len()
+                        )));
+                    }
+                }
                 let row = rows.add_row(next.limit, next.stops);
                 if next.limit == 0 {
                     rows.progress.rows_done += 1;
@@ -1151,7 +1219,7 @@ impl Occupants {
                         self.fits
                     )));
                 }
-                decoder.fill(s, &next.prompt);
+                decoder.fill(s, &next.prompt, next.sampling);
                 self.occupant[s] = Some(row);
                 self.streams[s] = Some(ChaCha8Rng::seed_from_u64(next.seed));
             }
@@ -1694,15 +1762,16 @@ mod tests {
         progress: Vec<Vec<Vec<i64>>>,
         /// (row, n): row `row` is stopped once it has at least `n` tokens.
         stop: Option<(usize, usize)>,
-        /// Each row's own stop rules, if any.
+        /// Each row's own stop rules and distribution, if any.
         stops: Vec<Option<StopRules>>,
+        sampling: Vec<Option<SamplingParams>>,
     }
 
     impl LateFeed {
         fn new(prompts: &[Vec<i64>], seeds: &[u64], limits: Vec<usize>, after: Vec<usize>) -> Self {
             let progress = vec![vec![]; prompts.len()];
-            let stops = vec![None; prompts.len()];
-            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, reads: 0, out: vec![], finished_order: vec![], progress, stop: None, stops }
+            let (stops, sampling) = (vec![None; prompts.len()], vec![None; prompts.len()]);
+            LateFeed { prompts: prompts.to_vec(), seeds: seeds.to_vec(), limits, after, given: 0, empty_asks: 0, reads: 0, out: vec![], finished_order: vec![], progress, stop: None, stops, sampling }
         }
     }
 
@@ -1718,7 +1787,7 @@ mod tests {
             }
             self.given += 1;
             self.out.push(None);
-            Some(FedRow { prompt: self.prompts[r].clone(), seed: self.seeds[r], limit: self.limits[r], stops: self.stops[r].clone() })
+            Some(FedRow { prompt: self.prompts[r].clone(), seed: self.seeds[r], limit: self.limits[r], stops: self.stops[r].clone(), sampling: self.sampling[r].clone() })
         }
 
         fn finished(&mut self, id: usize, g: Generation) {
@@ -1845,6 +1914,50 @@ mod tests {
             assert!(ends(FinishReason::Stop) && ends(FinishReason::Length), "T={t}: {alone:?}");
             assert_eq!((alone[6].tokens.len(), alone[6].finish_reason), (10, FinishReason::Length), "T={t}");
         }
+    }
+
+    #[test]
+    fn rows_sampling_from_their_own_distributions_get_what_each_gets_alone() {
+        let m = tiny_model(Arch::Qwen2, 47);
+        let (prompts, seeds) = ragged_prompts(7, m.cfg.vocab_size);
+        let session = params(1.0);
+        // Greedy, other temperatures, top-k and top-p; rows 0 and 5 keep the session's, row 4
+        // brings the session's as its own.
+        let own = |r: usize| -> Option<SamplingParams> {
+            let p = |temperature, top_p, top_k| SamplingParams { temperature, top_p, top_k, ..params(1.0) };
+            match r {
+                1 => Some(p(0.0, 1.0, 0)),
+                2 => Some(p(0.7, 1.0, 5)),
+                3 | 6 => Some(p(1.3, 0.8, 0)),
+                4 => Some(session.clone()),
+                _ => None,
+            }
+        };
+        let alone: Vec<Generation> = (0..prompts.len())
+            .map(|r| generate(&m, None, &prompts[r..r + 1], &seeds[r..r + 1], &own(r).unwrap_or_else(|| session.clone())).unwrap().remove(0))
+            .collect();
+        let fits = prompts.iter().map(|pr| pr.len()).max().unwrap() + session.max_new_tokens;
+        for slots in [2, 7] {
+            let mut feed = LateFeed::new(&prompts, &seeds, vec![session.max_new_tokens; prompts.len()], vec![0; prompts.len()]);
+            feed.sampling = (0..prompts.len()).map(own).collect();
+            generate_fed(&m, None, &session, slots, fits, &mut feed).unwrap();
+            for (row, (g, a)) in feed.out.iter().zip(&alone).enumerate() {
+                let g = g.as_ref().unwrap_or_else(|| panic!("{slots} slots: row {row} never finished"));
+                assert_eq!((&g.tokens, g.finish_reason), (&a.tokens, a.finish_reason), "{slots} slots, row {row}");
+                // A batched step's products may round differently from a lone row's.
+                for (x, y) in g.logprobs.iter().zip(&a.logprobs) {
+                    assert!((x - y).abs() < 1e-4, "{slots} slots, row {row}: {x} vs {y}");
+                }
+            }
+        }
+        // The distributions differ where it shows: greedy row 1 alone is not what T = 1 gives it.
+        let as_session = generate(&m, None, &prompts[1..2], &seeds[1..2], &session).unwrap().remove(0);
+        assert_ne!(as_session.tokens, alone[1].tokens);
+        // A captured step samples from one distribution: a row with another is an error naming it.
+        let mut feed = LateFeed::new(&prompts, &seeds, vec![session.max_new_tokens; prompts.len()], vec![0; prompts.len()]);
+        feed.sampling = (0..prompts.len()).map(own).collect();
+        let e = fed(&m, Completions::new(None, &session, 0), &mut feed, 3, fits, 1, Steps::Static { graph: false }).unwrap_err();
+        assert!(e.to_string().contains("row 1: its sampling distribution differs from the session's"), "{e}");
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! One decode session of `rredcot serve`: continuous batching across requests. The session takes
-//! the jobs at the head of the queue that share its sampling distribution (temperature, top-p,
-//! top-k; each row keeps its own `max_tokens` and stop rules), one row (choice) per free slot; requests that arrive meanwhile are routed after each read-back (what needs no generation,
-//! such as `/health`, is answered there, even while every slot decodes) and join while they keep
-//! that distribution and fit the session's cache; each request is answered as soon as its last row
-//! ends (a streamed one sends each choice's text after every read-back, and each choice's end as
-//! it ends). A job whose client has gone (a timeout, a stopped stream) stops decoding at the next
-//! read-back, or is dropped while it waits. A job with another distribution (or too long a prompt
-//! and budget) waits at the head, and nothing overtakes it: the session drains and the next one starts with it.
+//! the jobs at the head of the queue, one row (choice) per free slot, each row with its own
+//! `max_tokens`, stop rules and sampling distribution (a CUDA-graph decode takes jobs of the
+//! session's distribution only); requests that arrive meanwhile are routed after each read-back
+//! (what needs no generation, such as `/health`, is answered there, even while every slot
+//! decodes) and join while they fit the session's cache; each request is answered as soon as its
+//! last row ends (a streamed one sends each choice's text after every read-back, and each
+//! choice's end as it ends). A job whose client has gone (a timeout, a stopped stream) stops
+//! decoding at the next read-back, or is dropped while it waits. A job with too long a prompt and
+//! budget (or another distribution under CUDA graphs) waits at the head, and nothing overtakes
+//! it: the session drains and the next one starts with it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -14,6 +16,15 @@ use std::time::Duration;
 use super::front::Front;
 use super::{fail, Job, State};
 use crate::model::{self, FedRow, Generation, RowFeed, SamplingParams, StopRules};
+
+impl State {
+    /// Whether a job sampling with `a` can join a session begun with `b`. Budgets and stop rules
+    /// are each row's own, and so is the distribution on the eager steps (the CPU's); a
+    /// captured CUDA-graph step samples from one.
+    fn joins(&self, a: &SamplingParams, b: &SamplingParams) -> bool {
+        model::fed_rows_may_mix_distributions(self.model.device()) || model::same_distribution(a, b)
+    }
+}
 
 /// Prompt lengths are rounded up to this many tokens when a session sizes its cache, so that
 /// requests of about the same length as the first ones can still join.
@@ -57,7 +68,7 @@ impl Feed<'_> {
 
     /// Whether the job at the head of the queue can join the session.
     fn head_joins(&self) -> bool {
-        self.queue.front().is_some_and(|j| same_distribution(&j.sampling, self.sampling) && j.prompt.len() + j.sampling.max_new_tokens <= self.fits)
+        self.queue.front().is_some_and(|j| self.state.joins(&j.sampling, self.sampling) && j.prompt.len() + j.sampling.max_new_tokens <= self.fits)
     }
 }
 
@@ -84,7 +95,8 @@ impl RowFeed for Feed<'_> {
         // `ignore_eos`: the tokenizer's end-of-sequence ids are left out of the row's stop ids.
         let eos_of = (!job.output.ignore_eos).then_some(&self.state.tok);
         let stops = StopRules::new(eos_of, &job.sampling.stop_strings, &job.sampling.stop_token_ids);
-        Some(FedRow { prompt: job.prompt.clone(), seed: job.seed.wrapping_add(choice as u64), limit: job.sampling.max_new_tokens, stops: Some(stops) })
+        let sampling = Some(job.sampling.clone());
+        Some(FedRow { prompt: job.prompt.clone(), seed: job.seed.wrapping_add(choice as u64), limit: job.sampling.max_new_tokens, stops: Some(stops), sampling })
     }
 
     fn between_reads(&mut self) {
@@ -110,12 +122,6 @@ impl RowFeed for Feed<'_> {
     }
 }
 
-/// Whether rows of `a` and `b` can decode side by side: the same distribution to sample from
-/// (the sampler takes one per session); budgets and stop rules are each row's own.
-fn same_distribution(a: &SamplingParams, b: &SamplingParams) -> bool {
-    a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k
-}
-
 /// Drops the waiting jobs whose client has gone (a timed-out or stopped request is not decoded).
 fn drop_gone(queue: &mut VecDeque<Job>) {
     let before = queue.len();
@@ -135,7 +141,7 @@ pub(super) fn run(state: &State, front: &Front, queue: &mut VecDeque<Job>) {
     // Each job's max_new_tokens was clamped to the context its prompt leaves, so the head fits.
     let fits = queue
         .iter()
-        .take_while(|j| same_distribution(&j.sampling, &sampling))
+        .take_while(|j| state.joins(&j.sampling, &sampling))
         .map(|j| j.prompt.len().next_multiple_of(PROMPT_ROUNDING) + j.sampling.max_new_tokens.next_multiple_of(BUDGET_ROUNDING))
         .max()
         .unwrap_or(0)
