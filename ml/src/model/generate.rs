@@ -482,20 +482,23 @@ impl<'a> Completions<'a> {
         g.tokens.push(t);
         g.logprobs.push(r[1] as f32);
         g.entropies.push(r[2] as f32);
-        let stops = self.row_stops[row].as_ref().unwrap_or(&self.stops);
+        let stopped = self.stopped(row, t)?;
+        if stopped {
+            self.out[row].finish_reason = FinishReason::Stop;
+        }
+        Ok(stopped || self.out[row].tokens.len() >= self.limits[row])
+    }
+
+    /// Whether row `row`'s last token `t` is a stop token or completes a stop string.
+    fn stopped(&self, row: usize, t: i64) -> Result<bool> {
+        let stops = self.stops_of(row);
         if stops.ids.contains(&t) {
-            g.finish_reason = FinishReason::Stop;
             return Ok(true);
         }
-        if let (Some(tk), false) = (self.tokenizer, stops.strings.is_empty()) {
-            let tail = &g.tokens[g.tokens.len().saturating_sub(stops.max_chars + 8)..];
-            let text = tk.decode(tail, false)?;
-            if stops.strings.iter().any(|s| text.contains(s.as_str())) {
-                g.finish_reason = FinishReason::Stop;
-                return Ok(true);
-            }
-        }
-        Ok(g.tokens.len() >= self.limits[row])
+        let (Some(tk), false) = (self.tokenizer, stops.strings.is_empty()) else { return Ok(false) };
+        let tokens = &self.out[row].tokens;
+        let text = tk.decode(&tokens[tokens.len().saturating_sub(stops.max_chars + 8)..], false)?;
+        Ok(stops.strings.iter().any(|s| text.contains(s.as_str())))
     }
 
     /// The completions, with their text decoded and cut before a matched stop string.
