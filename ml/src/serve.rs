@@ -20,9 +20,9 @@
 //! prefill of the finished completion under that same distribution (only when `logprobs` > 0).
 //!
 //! One model, one generating thread: requests that arrive while others generate wait in the
-//! front's queue and are taken together next time; those with the same sampling distribution
-//! (each row keeps its own budget and stop rules) are generated together in `--max-batch` slots, a finished row's slot taking the next waiting row (continuous
-//! batching, as the built-in rollout). Choice i of a request samples with seed `seed + i` (vLLM's
+//! front's queue and are taken together next time, generated together in `--max-batch` slots
+//! (each row with its own budget, stop rules and sampling distribution: [`session`]), a finished
+//! row's slot taking the next waiting row (continuous batching, as the built-in rollout). Choice i of a request samples with seed `seed + i` (vLLM's
 //! convention; a random seed when the request has none), so a request with `n = 1` and a row's
 //! seed samples exactly that row of the built-in rollout. Rows share the decode step's products
 //! with their neighbours, so a reply can differ in the last bits between a lone request and one

@@ -353,7 +353,12 @@ fn check_params(tokenizer: Option<&Tokenizer>, p: &SamplingParams) -> Result<()>
             p.temperature, p.top_p, p.top_k
         )));
     }
-    if !p.stop_strings.is_empty() && tokenizer.is_none() {
+    check_stop_strings(tokenizer, &p.stop_strings)
+}
+
+/// Stop strings are matched in decoded text: they need a tokenizer.
+fn check_stop_strings(tokenizer: Option<&Tokenizer>, strings: &[String]) -> Result<()> {
+    if !strings.is_empty() && tokenizer.is_none() {
         return Err(ModelError::Request("stop strings need a tokenizer".into()));
     }
     Ok(())
@@ -1195,8 +1200,8 @@ impl Occupants {
         for s in 0..self.occupant.len() {
             while self.occupant[s].is_none() {
                 let Some(next) = feed.next_row() else { return Ok(()) };
-                if next.stops.as_ref().is_some_and(|s| !s.strings.is_empty()) && rows.tokenizer.is_none() {
-                    return Err(ModelError::Request("stop strings need a tokenizer".into()));
+                if let Some(stops) = &next.stops {
+                    check_stop_strings(rows.tokenizer, &stops.strings)?;
                 }
                 if let Some(own) = &next.sampling {
                     check_params(rows.tokenizer, own)?;

@@ -131,10 +131,7 @@ pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiErr
         .collect::<Result<Vec<_>, _>>()?;
     let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
     let stream = parse_stream(&obj)?;
-    let logprobs = match obj.get("logprobs") {
-        None | Some(Value::Null) => false,
-        Some(v) => v.as_bool().ok_or_else(|| bad("`logprobs` must be a boolean"))?,
-    };
+    let logprobs = flag(&obj, "logprobs", false)?;
     let top = match obj.get("top_logprobs") {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {
@@ -221,10 +218,7 @@ fn body_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> 
 
 /// `stream` and `stream_options`: `None` for a whole reply.
 fn parse_stream(obj: &serde_json::Map<String, Value>) -> Result<Option<StreamOptions>, ApiError> {
-    let stream = match obj.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(v) => v.as_bool().ok_or_else(|| bad("`stream` must be a boolean"))?,
-    };
+    let stream = flag(obj, "stream", false)?;
     let options = match obj.get("stream_options") {
         None | Some(Value::Null) => None,
         Some(Value::Object(o)) => Some(o),

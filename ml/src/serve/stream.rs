@@ -33,12 +33,6 @@ pub struct TextStream {
     read: usize,
 }
 
-impl Default for TextStream {
-    fn default() -> Self {
-        TextStream::new(true)
-    }
-}
-
 impl TextStream {
     /// A choice's stream, its text with or without special tokens.
     pub fn new(skip_special: bool) -> Self {
@@ -178,7 +172,7 @@ mod tests {
     fn stream(tok: &Tokenizer, text: &str, every: usize, stops: &[String]) -> (Vec<String>, Option<String>, String) {
         let ids = tok.encode(text).unwrap();
         let hold = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0).saturating_sub(1);
-        let mut s = TextStream::default();
+        let mut s = TextStream::new(true);
         let mut pieces = Vec::new();
         let mut upto = 0;
         while upto < ids.len() {
@@ -232,14 +226,14 @@ mod tests {
     fn a_tail_that_could_become_a_stop_string_waits() {
         let tok = tokenizer();
         let ids = tok.encode("The answer is 7.\n").unwrap();
-        let mut s = TextStream::default();
+        let mut s = TextStream::new(true);
         let sent = s.advance(&tok, &ids, 1, &["\n\n".to_string()]).unwrap().unwrap();
         assert_eq!(sent, "The answer is 7.", "the newline may start \\n\\n");
         assert_eq!(s.advance(&tok, &ids, 1, &["\n\n".to_string()]).unwrap(), None, "nothing new");
         assert_eq!(s.finish("The answer is 7.\n").as_deref(), Some("\n"));
         // A final text that parts from what was sent (a decode that is not prefix-stable) is sent
         // from where they part.
-        let mut s = TextStream::default();
+        let mut s = TextStream::new(true);
         s.advance(&tok, &tok.encode("add 4").unwrap(), 0, &[]).unwrap();
         assert_eq!(s.finish("add 5 + 1").as_deref(), Some("5 + 1"));
     }
