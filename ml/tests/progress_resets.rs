@@ -140,6 +140,7 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
     assert_eq!(out_rollouts.len(), rollouts.len() + k * segs.len(), "the originals, then k continuations per reset");
     assert_eq!(&out_rollouts[..rollouts.len()], &rollouts[..]);
     let template = "{question}\n\nA solution, step by step:\n{steps}\n\nWhich step is the first wrong one?";
+    let (mut contexts, mut localize): (Vec<Vec<i64>>, i64) = (Vec::new(), 0);
     for (row, seg) in resets.iter().zip(&segs) {
         assert_eq!((row.prompt_id.as_str(), row.sample_idx, row.mode.as_str()), (seg.prompt_id.as_str(), seg.sample_idx, "self"));
         let (p, r) = trace(&prompts, &rollouts, seg);
@@ -155,6 +156,9 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
         assert_eq!((rp.answer.as_deref(), rp.prompt.as_str()), (p.answer.as_deref(), p.prompt.as_str()));
         let want: Vec<i64> = encode_prompt(tok, p).unwrap().into_iter().chain(prefix.iter().copied()).collect();
         assert_eq!(encode_prompt(tok, rp).unwrap(), want);
+        if contexts.last() != Some(&want) {
+            contexts.push(want);
+        }
         // SRPO's step, recomputed: the most likely "first wrong step" answer (earliest on ties).
         let mut comp: Vec<i64> = r.completion_ids[..r.cot_len()].iter().map(|&x| x as i64).collect();
         if comp.last().is_some_and(|x| tok.eos_ids.contains(x)) {
@@ -175,6 +179,7 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
         let lps: Vec<f64> = (1..=steps.len())
             .map(|i| {
                 let a = tok.encode(&format!("The first wrong step is step {i}.")).unwrap();
+                localize += (ctx.len() + a.len()) as i64;
                 model::logprob(&policy.model, &[(ctx.clone(), a)], 1).unwrap()[0].iter().map(|&x| x as f64).sum()
             })
             .collect();
@@ -195,6 +200,13 @@ fn resets_continue_the_trace_before_the_chosen_step_and_train_on_the_new_groups(
         let mean = conts.iter().map(|c| c.reward).sum::<f64>() / k as f64;
         assert_eq!(row.continuation_mean_reward, mean);
     }
+    // A reset's k continuations share its context's prefill (a run of equal contexts, once).
+    let rec = record(&store, &s, "reset");
+    let prefilled: i64 = contexts.iter().map(|c| c.len() as i64).sum();
+    assert_eq!(rec["counters"]["prompt_positions_prefilled"].as_i64(), Some(prefilled), "{rec}");
+    let generated: i64 = out_rollouts[rollouts.len()..].iter().map(|c| c.completion_ids.len() as i64).sum();
+    assert_eq!(rec["counters"]["tokens_generated"].as_i64(), Some(generated));
+    assert_eq!(rec["counters"]["forward_tokens"].as_i64(), Some(localize + prefilled + generated), "{rec}");
     // The update trained on the original groups and the reset groups.
     let upd = record(&store, &s, "update");
     let groups = rollouts.iter().map(|r| r.prompt_id.as_str()).collect::<std::collections::BTreeSet<_>>().len();

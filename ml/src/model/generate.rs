@@ -701,6 +701,7 @@ fn generate_static(
         } else {
             AttnMask::Causal
         };
+        count_prefilled(b * plen);
         let h = model.hidden(&ids, &positions, &prefill_mask, Some(&mut cache));
         let mut logits = model.logits(&h.narrow(1, plen - 1, 1).squeeze_dim(1));
         let mut next_pos = positions.narrow(1, plen - 1, 1) + 1;
@@ -808,6 +809,23 @@ thread_local! {
     static PREFILLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+thread_local! {
+    /// Prompt positions run through the model on this thread by the decode loops' prefills
+    /// (padding included; a prompt whose prefill is shared counts once): what a stage reports as
+    /// its forward cost.
+    static PREFILLED_POSITIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Prompt positions prefilled on this thread so far ([`PREFILLED_POSITIONS`]); a caller takes
+/// the difference around its generation.
+pub fn prefilled_positions() -> u64 {
+    PREFILLED_POSITIONS.with(|n| n.get())
+}
+
+fn count_prefilled(positions: i64) {
+    PREFILLED_POSITIONS.with(|n| n.set(n.get() + positions as u64));
+}
+
 /// Prefills `prompt` alone into slot `s` of `cache` (from column 0) and puts its next-token
 /// logits in row `s` of `logits`; returns the slot's next column (the prompt length).
 pub(super) fn prefill_slot(
@@ -821,6 +839,7 @@ pub(super) fn prefill_slot(
     PREFILLS.with(|n| n.set(n.get() + 1));
     let dev = model.device();
     let len = prompt.len() as i64;
+    count_prefilled(len);
     let ids = Tensor::from_slice(prompt).view([1, len]).to_device(dev);
     let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
     let mut view = cache.row_view(s as i64);
@@ -1736,13 +1755,19 @@ mod tests {
         let seeds: Vec<u64> = (0..prompts.len() as u64).map(|i| 300 + i).collect();
         for t in [0.0, 1.0] {
             let p = stop_params(&m, &prompts, &seeds, &params(t));
+            let positions = prefilled_positions();
             let batch = generate(&m, None, &prompts, &seeds, &p).unwrap();
+            let longest = prompts.iter().map(Vec::len).max().unwrap() as u64;
+            assert_eq!(prefilled_positions() - positions, prompts.len() as u64 * longest, "a static batch prefills its padding");
+            // The positions of the prompts that were prefilled: one per run of equal prompts.
+            let runs: u64 = [0, 1, 2, 0].iter().map(|&i| distinct[i].len() as u64).sum();
             for ((slots, every), steps) in [(1, 1), (2, 1), (4, 3), (0, 16)].into_iter().flat_map(|x| [(x, Steps::Eager), (x, Steps::Static { graph: false })]) {
-                let before = PREFILLS.with(|n| n.get());
+                let (before, positions) = (PREFILLS.with(|n| n.get()), prefilled_positions());
                 let cont = continuous(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, slots, every, steps).unwrap();
                 let prefills = PREFILLS.with(|n| n.get()) - before;
                 let at = format!("T={t} slots {slots} every {every} {steps:?}");
                 assert_eq!(prefills, 4, "{at}: one prefill per run of equal prompts");
+                assert_eq!(prefilled_positions() - positions, runs, "{at}: positions counted once per prefill");
                 for (row, (c, b)) in cont.iter().zip(&batch).enumerate() {
                     assert_eq!((&c.tokens, c.finish_reason), (&b.tokens, b.finish_reason), "{at} row {row}");
                     for (x, y) in c.logprobs.iter().zip(&b.logprobs) {

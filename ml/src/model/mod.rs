@@ -36,7 +36,7 @@ pub use config::{Arch, ModelConfig};
 pub use decoder::DecoderLm;
 pub use error::{ModelError, Result};
 pub use generate::{
-    generate, generate_continuous, generate_continuous_with_progress, generate_continuous_within_context, generate_fed, generate_with_progress,
+    generate, generate_continuous, generate_continuous_with_progress, generate_continuous_within_context, generate_fed, generate_with_progress, prefilled_positions,
     fed_rows_may_mix_distributions, prefill_completion, same_distribution, FedRow, FinishReason,
     Generation, Prefilled, RowFeed, SamplingParams, StopRules,
 };

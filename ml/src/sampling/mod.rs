@@ -284,6 +284,23 @@ pub fn sample_seeded(
     label: &str,
     name: impl Fn(usize) -> String,
 ) -> Result<Vec<Generation>> {
+    Ok(sample_seeded_counted(ctx, sampler, tok, rows, p, label, name)?.0)
+}
+
+/// [`sample_seeded`], also returning the prompt positions prefilled for the rows (counter
+/// `prompt_positions_prefilled`): the model core's measured count (a run of rows with one prompt
+/// prefills it once; a static batch prefills its padding too), or, through an engine, the
+/// prompts of the requests sent (a request's `n` samples share a prefill; an engine's own
+/// prefix cache may do less). A stage adds the tokens generated to report its forward cost.
+pub fn sample_seeded_counted(
+    ctx: &mut StageContext,
+    sampler: &Sampler,
+    tok: &Tokenizer,
+    rows: &[(&[i64], u64)],
+    p: &SamplerParams,
+    label: &str,
+    name: impl Fn(usize) -> String,
+) -> Result<(Vec<Generation>, u64)> {
     let batch_size = p.batch_size;
     if batch_size == 0 {
         bail!("stage `{}`: batch_size must be positive", ctx.instance);
@@ -297,6 +314,7 @@ pub fn sample_seeded(
         }
     };
     let context = model.cfg.max_position_embeddings as usize;
+    let prefilled_before = model::prefilled_positions();
     let mut out = Vec::with_capacity(rows.len());
     let (mut generated, mut clamped) = (0i64, 0i64);
     let t0 = Instant::now();
@@ -338,10 +356,12 @@ pub fn sample_seeded(
         show_rate(&mut progress, label, out.len(), generated, t0);
     }
     progress.finish();
+    let prefilled = model::prefilled_positions() - prefilled_before;
     ctx.count("tokens_generated", generated);
+    ctx.count("prompt_positions_prefilled", prefilled as i64);
     ctx.count("rows_max_new_tokens_clamped", clamped);
     ctx.metric("decode_tok_s", generated as f64 / t0.elapsed().as_secs_f64().max(1e-9));
-    Ok(out)
+    Ok((out, prefilled))
 }
 
 /// The token budget of each row: `max_new_tokens`, shortened to what the context leaves after
@@ -377,7 +397,7 @@ fn sample_http(
     sampling: &SamplingParams,
     label: &str,
     name: impl Fn(usize) -> String,
-) -> Result<Vec<Generation>> {
+) -> Result<(Vec<Generation>, u64)> {
     let (budgets, clamped) = row_budgets(rows, batch_size, continuous, sampling.max_new_tokens, context);
     let mut stop_ids = sampling.stop_token_ids.clone();
     stop_ids.extend(&tok.eos_ids);
@@ -397,6 +417,7 @@ fn sample_http(
             p.set(d, label);
         }
     };
+    let prefilled: u64 = requests.iter().map(|r| r.prompt.len() as u64).sum();
     let replies = engine.sample(&requests, sampling, &stop_ids, top, &on_done);
     if let Ok(mut p) = progress.into_inner() {
         p.finish();
@@ -428,6 +449,7 @@ fn sample_http(
         out.push(Generation { tokens: s.tokens, logprobs: s.logprobs, entropies, finish_reason: s.finish_reason, text: Some(text) });
     }
     ctx.count("tokens_generated", generated);
+    ctx.count("prompt_positions_prefilled", prefilled as i64);
     ctx.count("rows_max_new_tokens_clamped", clamped);
     ctx.metric("decode_tok_s", generated as f64 / t0.elapsed().as_secs_f64().max(1e-9));
     ctx.metric("engine", engine.engine.clone());
@@ -435,7 +457,7 @@ fn sample_http(
     ctx.metric("engine_url", engine.url().to_string());
     ctx.metric("engine_model", engine.model().to_string());
     ctx.metric("engine_startup_s", engine.startup_s);
-    Ok(out)
+    Ok((out, prefilled))
 }
 
 /// Where the entropies of an engine's completions come from (param `entropies`).
