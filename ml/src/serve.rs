@@ -6,7 +6,7 @@
 //! `stream_options.include_usage`, `logprobs` + `top_logprobs`), `POST /v1/completions` (the same, with `prompt` as a string or
 //! a list of token ids, plus `logprobs` = how many top tokens per position,
 //! `return_tokens_as_token_ids` (tokens as `"token_id:123"`, as vLLM writes them) and
-//! `return_token_ids` (each choice's `token_ids`); those three not with `stream`),
+//! `return_token_ids` (each choice's `token_ids`); streamed, those come whole in a choice's last chunk),
 //! `GET /v1/models`, `GET /version`, `GET /health`. Both take vLLM's `ignore_eos`,
 //! `skip_special_tokens` and `include_stop_str_in_output`; a chat also `add_generation_prompt` and
 //! `chat_template_kwargs.enable_thinking`. Responses have OpenAI's shapes; a streamed one is
@@ -92,11 +92,13 @@ impl Job {
     }
 }
 
-/// A streamed job's sink, its chunks' builder and each choice's text.
+/// A streamed job's sink, its chunks' builder, each choice's text, and why it failed after it
+/// began (its other choices stop; the error is its last chunk).
 struct Events {
     sink: EventSink,
     chunks: Chunks,
     texts: Vec<TextStream>,
+    failed: Option<String>,
 }
 
 /// A request checked and tokenized.
@@ -229,7 +231,7 @@ impl State {
                     }
                 }
                 let texts = (0..p.n).map(|_| TextStream::new(p.output.skip_special_tokens)).collect();
-                Answerer::Events(Events { sink, chunks, texts })
+                Answerer::Events(Events { sink, chunks, texts, failed: None })
             }
         };
         Job { answer, reply: p.reply, prompt: p.prompt, sampling: p.sampling, n: p.n, seed: p.seed, output: p.output, started }
@@ -242,6 +244,9 @@ impl State {
             return false;
         }
         let Answerer::Events(ev) = &mut job.answer else { return true };
+        if ev.failed.is_some() {
+            return false;
+        }
         let stops = &job.sampling.stop_strings;
         let hold = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0).saturating_sub(1);
         match ev.texts[choice].advance(&self.tok, tokens, hold, stops) {
@@ -255,15 +260,26 @@ impl State {
         }
     }
 
-    /// Choice `choice` of a streamed job ended: sends the rest of its text and why it ended.
+    /// Choice `choice` of a streamed job ended: sends the rest of its text and why it ended, with
+    /// its logprobs and token ids when asked for. Those come whole in this last chunk: top
+    /// logprobs come from a prefill of the finished choice, and the text pieces before were cut
+    /// where the text allows, not at token boundaries.
     fn stream_end(&self, job: &mut Job, choice: usize, g: &model::Generation) {
         let Answerer::Events(ev) = &mut job.answer else { return };
+        if ev.failed.is_some() {
+            return;
+        }
         let text = self.choice_text(job.output, &job.sampling.stop_strings, g).unwrap_or_else(|e| {
             tracing::warn!("{e}");
             g.text.clone().unwrap_or_default()
         });
+        let logprobs = match self.logprobs(job.reply, &job.prompt, &job.sampling, g) {
+            Ok(l) => l,
+            Err(e) => return ev.failed = Some(e),
+        };
+        let token_ids = matches!(job.reply, Reply::Completion(CompletionFormat { return_ids: true, .. })).then_some(g.tokens.as_slice());
         let rest = ev.texts[choice].finish(&text);
-        ev.sink.send(&ev.chunks.end(choice, rest.as_deref(), g.finish_reason.as_str()));
+        ev.sink.send(&ev.chunks.end(choice, rest.as_deref(), g.finish_reason.as_str(), logprobs, token_ids));
     }
 
     /// Answers a job whose rows are all generated (choice i from `gens[i]`); a streamed one has
@@ -273,6 +289,9 @@ impl State {
         let gone = job.client_gone();
         let request = match job.answer {
             Answerer::Events(ev) => {
+                if let Some(msg) = ev.failed.clone() {
+                    return fail(Job { answer: Answerer::Events(ev), ..job }, &msg);
+                }
                 if ev.chunks.include_usage {
                     ev.sink.send(&ev.chunks.usage(job.prompt.len(), completion));
                 }
@@ -363,48 +382,60 @@ impl State {
     fn choice(&self, reply: Reply, prompt: &[i64], sampling: &SamplingParams, output: OutputOptions, i: usize, g: &model::Generation) -> Result<Value, String> {
         let text = self.choice_text(output, &sampling.stop_strings, g)?;
         let finish = g.finish_reason.as_str();
+        let logprobs = self.logprobs(reply, prompt, sampling, g)?.unwrap_or(Value::Null);
         let format = match reply {
             Reply::Completion(format) => format,
-            Reply::Chat(logprobs) => {
-                let logprobs = match logprobs {
-                    Some(k) => self.chat_logprobs(prompt, sampling, g, k)?,
-                    None => Value::Null,
-                };
+            Reply::Chat(_) => {
                 return Ok(json!({ "index": i, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "logprobs": logprobs }));
             }
         };
-        let mut choice = json!({ "index": i, "text": text, "finish_reason": finish, "logprobs": null });
+        let mut choice = json!({ "index": i, "text": text, "finish_reason": finish, "logprobs": logprobs });
         if format.return_ids {
             choice["token_ids"] = json!(g.tokens);
         }
-        if let Some(k) = format.logprobs {
-            let name = |t: i64| -> Result<String, String> {
-                if format.ids_as_tokens {
-                    Ok(format!("token_id:{t}"))
-                } else {
-                    self.token_text(t)
-                }
-            };
-            let top = self.top_logprobs(prompt, sampling, g, k)?;
-            let tokens: Vec<String> = g.tokens.iter().map(|&t| name(t)).collect::<Result<_, _>>()?;
-            let mut offsets = Vec::with_capacity(tokens.len());
-            let mut at = 0usize;
-            for (t, &id) in tokens.iter().zip(&g.tokens) {
-                offsets.push(at);
-                at += if format.ids_as_tokens { self.tok.decode(&[id], false).map(|s| s.chars().count()).unwrap_or(0) } else { t.chars().count() };
-            }
-            let mut top_json = Vec::with_capacity(top.len());
-            for ((pos, &chosen), &lp) in top.iter().zip(&g.tokens).zip(&g.logprobs) {
-                let mut m = serde_json::Map::new();
-                for &(t, l) in pos {
-                    m.insert(name(t)?, json!(l));
-                }
-                m.insert(name(chosen)?, json!(lp));
-                top_json.push(Value::Object(m));
-            }
-            choice["logprobs"] = json!({ "tokens": tokens, "token_logprobs": g.logprobs, "top_logprobs": top_json, "text_offset": offsets });
-        }
         Ok(choice)
+    }
+
+    /// A choice's `logprobs` as its reply shows them, `None` when not asked for: a chat's
+    /// (`content`, `refusal`), a completion's (`tokens`, `token_logprobs`, `top_logprobs`,
+    /// `text_offset`).
+    fn logprobs(&self, reply: Reply, prompt: &[i64], sampling: &SamplingParams, g: &model::Generation) -> Result<Option<Value>, String> {
+        match reply {
+            Reply::Chat(Some(k)) => self.chat_logprobs(prompt, sampling, g, k).map(Some),
+            Reply::Completion(format @ CompletionFormat { logprobs: Some(k), .. }) => self.completion_logprobs(format, prompt, sampling, g, k).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// A completion choice's `logprobs`: its tokens (or `token_id:N` names), the logprob each was
+    /// drawn with, the top `k` of each position with the chosen token, and each token's offset in
+    /// the text.
+    fn completion_logprobs(&self, format: CompletionFormat, prompt: &[i64], sampling: &SamplingParams, g: &model::Generation, k: usize) -> Result<Value, String> {
+        let name = |t: i64| -> Result<String, String> {
+            if format.ids_as_tokens {
+                Ok(format!("token_id:{t}"))
+            } else {
+                self.token_text(t)
+            }
+        };
+        let top = self.top_logprobs(prompt, sampling, g, k)?;
+        let tokens: Vec<String> = g.tokens.iter().map(|&t| name(t)).collect::<Result<_, _>>()?;
+        let mut offsets = Vec::with_capacity(tokens.len());
+        let mut at = 0usize;
+        for (t, &id) in tokens.iter().zip(&g.tokens) {
+            offsets.push(at);
+            at += if format.ids_as_tokens { self.tok.decode(&[id], false).map(|s| s.chars().count()).unwrap_or(0) } else { t.chars().count() };
+        }
+        let mut top_json = Vec::with_capacity(top.len());
+        for ((pos, &chosen), &lp) in top.iter().zip(&g.tokens).zip(&g.logprobs) {
+            let mut m = serde_json::Map::new();
+            for &(t, l) in pos {
+                m.insert(name(t)?, json!(l));
+            }
+            m.insert(name(chosen)?, json!(lp));
+            top_json.push(Value::Object(m));
+        }
+        Ok(json!({ "tokens": tokens, "token_logprobs": g.logprobs, "top_logprobs": top_json, "text_offset": offsets }))
     }
 }
 

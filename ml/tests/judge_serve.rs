@@ -241,6 +241,40 @@ fn output_options_check(url: &str, question: &str) {
     }
 }
 
+/// Streamed with `logprobs` (a chat's with its top 2, n = 2; a completion's with its top 3, as
+/// `token_id:N` names and with its `token_ids`): each choice's logprobs and token ids come whole
+/// in its last chunk, equal to the unstreamed reply's, and no earlier chunk carries any.
+fn stream_logprobs_check(url: &str, question: &str) {
+    for (path, body) in [
+        ("/v1/chat/completions", json!({"model": "tiny-sft", "messages": [{"role": "user", "content": question}], "n": 2, "seed": 9, "temperature": 1.0, "max_tokens": 12, "logprobs": true, "top_logprobs": 2})),
+        ("/v1/completions", json!({"model": "tiny-sft", "prompt": question, "n": 2, "seed": 9, "temperature": 1.0, "max_tokens": 12, "logprobs": 3, "return_tokens_as_token_ids": true, "return_token_ids": true})),
+    ] {
+        let (status, whole) = raw(url, "POST", path, &body.to_string());
+        assert_eq!(status, 200, "{whole}");
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (status, events) = raw_events(url, path, &streamed.to_string());
+        assert_eq!((status, events.last().map(String::as_str)), (200, Some("[DONE]")), "{events:?}");
+        let mut last: Vec<Option<Value>> = vec![None; 2];
+        for e in &events[..events.len() - 1] {
+            let c: Value = serde_json::from_str(e).unwrap();
+            for ch in c["choices"].as_array().unwrap() {
+                let i = ch["index"].as_u64().unwrap() as usize;
+                if ch["finish_reason"].is_null() {
+                    assert!(ch["logprobs"].is_null() && ch.get("token_ids").is_none(), "{path}: only a choice's last chunk carries them: {c}");
+                } else {
+                    last[i] = Some(ch.clone());
+                }
+            }
+        }
+        for (i, end) in last.iter().enumerate() {
+            let (end, want) = (end.as_ref().expect("every choice ends"), &whole["choices"][i]);
+            assert!(!want["logprobs"].is_null(), "{path}: {want}");
+            assert_eq!((&end["logprobs"], &end["token_ids"]), (&want["logprobs"], &want["token_ids"]), "{path} choice {i}");
+        }
+    }
+}
+
 /// `tests/python/openai_client.py` (the `openai` package: models, seeded chat with n = 2, a
 /// token-id completion with top logprobs, 400s, 48 requests from 16 threads without retries)
 /// against the server. A SKIP without the package; under CI (`make test-deps` installs it) a
@@ -334,6 +368,7 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
 
     own_params_check(&server.url, &rows[0].question);
     output_options_check(&server.url, &rows[0].question);
+    stream_logprobs_check(&server.url, &rows[0].question);
 
     // A stage's checkpoint named through its pipeline: the same model, its id `STAGE.OUTPUT`.
     {

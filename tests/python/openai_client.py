@@ -85,12 +85,26 @@ assert all(len(top) <= 2 and all(v <= 0.0 for v in top.values()) for top in lp.t
 assert all(abs(max(top.values()) - chosen) < 1e-4 for top, chosen in zip(lp.top_logprobs, lp.token_logprobs)), lp
 seen["completion_tokens"] = lp.tokens
 
+# Streamed with logprobs, read through the client's types: they come whole with each choice's
+# last chunk, the same as unstreamed.
+def streamed_logprobs(create, **args):
+    got = {}
+    for chunk in create(stream=True, **args):
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                assert c.finish_reason, f"logprobs before choice {c.index}'s last chunk"
+                got[c.index] = c.logprobs
+    return got
+
+chat_lp = streamed_logprobs(client.chat.completions.create, model=name, messages=ask, max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=2)
+assert [(t.token, round(t.logprob, 5)) for t in chat_lp[0].content] == [(t.token, round(t.logprob, 5)) for t in content], (chat_lp, content)
+assert [[x.token for x in t.top_logprobs] for t in chat_lp[0].content] == [[x.token for x in t.top_logprobs] for t in content]
+comp_lp = streamed_logprobs(client.completions.create, model=name, prompt=[1, 2, 3, 4], max_tokens=4, temperature=0.0, logprobs=2)
+assert comp_lp[0].tokens == lp.tokens and comp_lp[0].text_offset == lp.text_offset, (comp_lp, lp)
+assert all(abs(a - b) < 1e-5 for a, b in zip(comp_lp[0].token_logprobs, lp.token_logprobs)), (comp_lp, lp)
+seen["stream_logprobs"] = len(chat_lp[0].content) + len(comp_lp[0].tokens)
+
 # What the server refuses comes back as the client's 400 error, with the server's reason.
-try:
-    client.completions.create(model=name, prompt=[1, 2], max_tokens=2, logprobs=1, stream=True)
-    raise AssertionError("logprobs with stream was accepted")
-except openai.BadRequestError as e:
-    assert "not supported with stream" in str(e), str(e)
 for bad, why in [({"n": 99}, "n = 99"), ({"messages": []}, "empty"), ({"presence_penalty": 0.5}, "`presence_penalty` is not supported")]:
     args = {"model": name, "messages": ask, "max_tokens": 4, **bad}
     try:

@@ -143,9 +143,6 @@ pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiErr
         return Err(bad("`top_logprobs` needs logprobs = true"));
     }
     let logprobs = logprobs.then(|| top.unwrap_or(0));
-    if logprobs.is_some() && stream.is_some() {
-        return Err(bad("`logprobs` is not supported with stream = true"));
-    }
     let add_generation_prompt = flag(&obj, "add_generation_prompt", true)?;
     let enable_thinking = parse_enable_thinking(&obj)?;
     Ok(ChatBody { messages, sampling, n, seed, stream, logprobs, add_generation_prompt, enable_thinking, output: parse_output(&obj)? })
@@ -370,15 +367,6 @@ pub fn parse_completion(body: &[u8], max_new_tokens: usize) -> Result<Completion
     };
     let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
     let stream = parse_stream(&obj)?;
-    // Top logprobs come from a prefill of the finished choice, and streamed text is cut where the
-    // text allows, not at token boundaries: neither fits a stream.
-    if stream.is_some() {
-        for (asked, name) in [(logprobs.is_some(), "logprobs"), (format.ids_as_tokens, "return_tokens_as_token_ids"), (format.return_ids, "return_token_ids")] {
-            if asked {
-                return Err(bad(format!("`{name}` is not supported with stream = true")));
-            }
-        }
-    }
     Ok(CompletionBody { prompt, sampling, n, seed, format, stream, output: parse_output(&obj)? })
 }
 
@@ -429,6 +417,9 @@ mod tests {
         // vLLM's signed seeds: the same 64 bits.
         assert_eq!(parse_completion(br#"{"prompt":[1],"seed":-1}"#, 64).unwrap().seed, Some(u64::MAX));
         assert_eq!(parse_completion(br#"{"prompt":[1],"seed":-9223372036854775808}"#, 64).unwrap().seed, Some(1 << 63));
+        // A stream takes them all: they come whole with each choice's last chunk.
+        let b = parse_completion(br#"{"prompt":[1],"stream":true,"logprobs":2,"return_token_ids":true,"return_tokens_as_token_ids":true}"#, 64).unwrap();
+        assert_eq!((b.stream.is_some(), b.format), (true, CompletionFormat { logprobs: Some(2), ids_as_tokens: true, return_ids: true }));
         let b = parse_completion(br#"{"prompt":"2+2=","max_tokens":3,"logprobs":5}"#, 64).unwrap();
         assert_eq!((b.prompt, b.sampling.max_new_tokens, b.format.logprobs), (PromptInput::Text("2+2=".into()), 3, Some(5)));
         for (body, want) in [
@@ -440,8 +431,6 @@ mod tests {
             (br#"{"prompt":[1],"echo":true}"#, "echo"),
             (br#"{"prompt":[1],"return_tokens_as_token_ids":"yes"}"#, "boolean"),
             (br#"{"prompt":[1],"seed":1.5}"#, "64-bit integer"),
-            (br#"{"prompt":[1],"stream":true,"logprobs":0}"#, "`logprobs` is not supported with stream = true"),
-            (br#"{"prompt":[1],"stream":true,"return_token_ids":true}"#, "`return_token_ids` is not supported with stream"),
         ] {
             let e = parse_completion(body, 16).unwrap_err();
             assert!(e.status == 400 && e.message.contains(want), "{}: {}", String::from_utf8_lossy(body), e.message);
@@ -514,7 +503,6 @@ mod tests {
             (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":1}"#, "`logprobs` must be a boolean"),
             (br#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#, "needs logprobs = true"),
             (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}"#, "top_logprobs"),
-            (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"stream":true}"#, "not supported with stream"),
             // What would change the generation and is not done here is refused, not ignored.
             (br#"{"messages":[{"role":"user","content":"x"}],"presence_penalty":0.5}"#, "`presence_penalty` is not supported"),
             (br#"{"messages":[{"role":"user","content":"x"}],"repetition_penalty":1.1}"#, "`repetition_penalty`"),

@@ -127,22 +127,29 @@ impl Chunks {
 
     /// Choice `index`'s next piece of text.
     pub fn text(&self, index: usize, text: &str) -> Value {
-        self.choice(index, Some(text), None)
+        self.chunk(vec![self.choice(index, Some(text), None)])
     }
 
-    /// Choice `index`'s last chunk: the rest of its text (if any) and why it ended.
-    pub fn end(&self, index: usize, text: Option<&str>, finish_reason: &str) -> Value {
-        self.choice(index, text, Some(finish_reason))
+    /// Choice `index`'s last chunk: the rest of its text (if any), why it ended, and the whole
+    /// choice's `logprobs` and (a completion's) `token_ids` when they were asked for.
+    pub fn end(&self, index: usize, text: Option<&str>, finish_reason: &str, logprobs: Option<Value>, token_ids: Option<&[i64]>) -> Value {
+        let mut c = self.choice(index, text, Some(finish_reason));
+        if let Some(l) = logprobs {
+            c["logprobs"] = l;
+        }
+        if let Some(ids) = token_ids {
+            c["token_ids"] = json!(ids);
+        }
+        self.chunk(vec![c])
     }
 
     fn choice(&self, index: usize, text: Option<&str>, finish_reason: Option<&str>) -> Value {
-        let c = if self.chat {
+        if self.chat {
             let delta = text.map_or_else(|| json!({}), |t| json!({ "content": t }));
             json!({ "index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason })
         } else {
             json!({ "index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish_reason })
-        };
-        self.chunk(vec![c])
+        }
     }
 
     /// The last chunk when usage was asked for: no choices, the token counts.
@@ -247,14 +254,21 @@ mod tests {
                     "choices": [{ "index": 1, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null }] })
         );
         assert_eq!(chat.text(0, "hi")["choices"][0]["delta"], json!({ "content": "hi" }));
-        let end = chat.end(0, None, "stop");
+        let end = chat.end(0, None, "stop", None, None);
         assert_eq!((end["choices"][0]["delta"].clone(), end["choices"][0]["finish_reason"].clone()), (json!({}), json!("stop")));
+        let logprobs = json!({ "content": [{ "token": "a", "logprob": -0.5, "bytes": null, "top_logprobs": [] }], "refusal": null });
+        assert_eq!(chat.end(0, Some("a"), "stop", Some(logprobs.clone()), None)["choices"][0]["logprobs"], logprobs);
         let usage = chat.usage(3, 4);
         assert_eq!((usage["choices"].clone(), usage["usage"]["total_tokens"].clone()), (json!([]), json!(7)));
         let comp = Chunks { id: "cmpl-1".into(), created: 9, model: "m".into(), chat: false, include_usage: false };
-        let end = comp.end(2, Some("x"), "length");
+        let end = comp.end(2, Some("x"), "length", None, None);
         assert_eq!(end["object"], "text_completion");
         assert_eq!(end["choices"][0], json!({ "index": 2, "text": "x", "logprobs": null, "finish_reason": "length" }));
+        let logprobs = json!({ "tokens": ["x"], "token_logprobs": [-0.1], "top_logprobs": [{ "x": -0.1 }], "text_offset": [0] });
+        assert_eq!(
+            comp.end(2, Some("x"), "length", Some(logprobs.clone()), Some(&[7]))["choices"][0],
+            json!({ "index": 2, "text": "x", "logprobs": logprobs, "finish_reason": "length", "token_ids": [7] })
+        );
         assert!(end.get("usage").is_none(), "no usage key unless asked for");
     }
 }
