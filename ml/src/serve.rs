@@ -266,7 +266,8 @@ impl State {
     /// where the text allows, not at token boundaries.
     fn stream_end(&self, job: &mut Job, choice: usize, g: &model::Generation) {
         let Answerer::Events(ev) = &mut job.answer else { return };
-        if ev.failed.is_some() {
+        // No prefill for logprobs that no one would read.
+        if ev.failed.is_some() || ev.sink.is_gone() {
             return;
         }
         let text = self.choice_text(job.output, &job.sampling.stop_strings, g).unwrap_or_else(|e| {
