@@ -278,7 +278,7 @@ impl State {
             Ok(l) => l,
             Err(e) => return ev.failed = Some(e),
         };
-        let token_ids = matches!(job.reply, Reply::Completion(CompletionFormat { return_ids: true, .. })).then_some(g.tokens.as_slice());
+        let token_ids = token_ids(job.reply, g);
         let rest = ev.texts[choice].finish(&text);
         ev.sink.send(&ev.chunks.end(choice, rest.as_deref(), g.finish_reason.as_str(), logprobs, token_ids));
     }
@@ -384,15 +384,12 @@ impl State {
         let text = self.choice_text(output, &sampling.stop_strings, g)?;
         let finish = g.finish_reason.as_str();
         let logprobs = self.logprobs(reply, prompt, sampling, g)?.unwrap_or(Value::Null);
-        let format = match reply {
-            Reply::Completion(format) => format,
-            Reply::Chat(_) => {
-                return Ok(json!({ "index": i, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "logprobs": logprobs }));
-            }
-        };
+        if let Reply::Chat(_) = reply {
+            return Ok(json!({ "index": i, "message": { "role": "assistant", "content": text }, "finish_reason": finish, "logprobs": logprobs }));
+        }
         let mut choice = json!({ "index": i, "text": text, "finish_reason": finish, "logprobs": logprobs });
-        if format.return_ids {
-            choice["token_ids"] = json!(g.tokens);
+        if let Some(ids) = token_ids(reply, g) {
+            choice["token_ids"] = json!(ids);
         }
         Ok(choice)
     }
@@ -438,6 +435,11 @@ impl State {
         }
         Ok(json!({ "tokens": tokens, "token_logprobs": g.logprobs, "top_logprobs": top_json, "text_offset": offsets }))
     }
+}
+
+/// A choice's `token_ids`, when its reply asked for them (a completion's `return_token_ids`).
+fn token_ids(reply: Reply, g: &model::Generation) -> Option<&[i64]> {
+    matches!(reply, Reply::Completion(CompletionFormat { return_ids: true, .. })).then_some(g.tokens.as_slice())
 }
 
 /// Answers a job with HTTP 500 (generation failed); a streamed one, answered 200 already, gets

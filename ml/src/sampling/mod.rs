@@ -257,7 +257,7 @@ pub fn sample_jobs(
         }
     };
     let rows: Vec<(&[i64], u64)> = jobs.iter().map(|j| (j.ids.as_slice(), seed_of(j))).collect();
-    sample_seeded(ctx, sampler, tok, &rows, p, label, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))
+    Ok(sample_seeded(ctx, sampler, tok, &rows, p, label, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?.0)
 }
 
 /// Puts the bar at `rows` rows done, with the decode rate of `tokens` sampled since `t0`.
@@ -268,31 +268,20 @@ fn show_rate(progress: &mut Progress, label: &str, rows: usize, tokens: i64, t0:
 
 /// Samples `rows` = (prompt ids, row seed) in batches of `batch_size` rows, in order (or, with
 /// `continuous_batching`, in `batch_size` slots refilled as rows finish), and returns
-/// one generation per row (`name(i)` names row i in errors). Counts `tokens_generated` and
+/// one generation per row (`name(i)` names row i in errors) and the prompt positions prefilled
+/// for them. Counts `tokens_generated`, `prompt_positions_prefilled` and
 /// `rows_max_new_tokens_clamped`, sets the `decode_tok_s` metric and shows a progress bar.
+///
+/// The positions prefilled are the model core's measured count (a run of rows with one prompt
+/// prefills it once; a static batch prefills its padding too), or, through an engine, the prompts
+/// of the requests sent (a request's `n` samples share a prefill; an engine's own prefix cache
+/// may do less). A stage adds the tokens generated to report its forward cost.
 ///
 /// With an engine ([`Sampler::Http`]) the rows go out as requests with the same seeds and the same
 /// per-row token budget (the clamp the batches above would apply), and come back with the engine's
 /// token ids and chosen-token logprobs; entropies are estimated from the top `top_logprobs`
 /// logprobs when that is positive, else left empty (the rollout fills them in).
 pub fn sample_seeded(
-    ctx: &mut StageContext,
-    sampler: &Sampler,
-    tok: &Tokenizer,
-    rows: &[(&[i64], u64)],
-    p: &SamplerParams,
-    label: &str,
-    name: impl Fn(usize) -> String,
-) -> Result<Vec<Generation>> {
-    Ok(sample_seeded_counted(ctx, sampler, tok, rows, p, label, name)?.0)
-}
-
-/// [`sample_seeded`], also returning the prompt positions prefilled for the rows (counter
-/// `prompt_positions_prefilled`): the model core's measured count (a run of rows with one prompt
-/// prefills it once; a static batch prefills its padding too), or, through an engine, the
-/// prompts of the requests sent (a request's `n` samples share a prefill; an engine's own
-/// prefix cache may do less). A stage adds the tokens generated to report its forward cost.
-pub fn sample_seeded_counted(
     ctx: &mut StageContext,
     sampler: &Sampler,
     tok: &Tokenizer,

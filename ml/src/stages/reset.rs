@@ -31,7 +31,7 @@ use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::prompt_text::prompt_text;
 use serde::Serialize;
 
-use crate::sampling::{engine_entropies, row_seed, sample_seeded_counted, split_answer, EngineLogprobs, Sampler, SamplerParams};
+use crate::sampling::{engine_entropies, row_seed, sample_seeded, split_answer, EngineLogprobs, Sampler, SamplerParams};
 use crate::traces::{Trace, TraceInputs, TraceTokens};
 use super::{load_policy_on, load_sampler, use_threads};
 use crate::traces::RESET_PREFIX_KEY;
@@ -180,7 +180,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let rows: Vec<(&[i64], u64)> =
         resets.iter().flat_map(|r| (0..k).map(move |j| (r.context.as_slice(), row_seed(seed, &r.row.id, j)))).collect();
     let name = |i: usize| format!("reset {} continuation {}", resets[i / k].row.id, i % k);
-    let (mut gens, prefilled) = sample_seeded_counted(ctx, &sampler, &tok, &rows, &sampling, "continuations", name)?;
+    let (mut gens, prefilled) = sample_seeded(ctx, &sampler, &tok, &rows, &sampling, "continuations", name)?;
     let prompts: Vec<&[i64]> = rows.iter().map(|r| r.0).collect();
     engine_entropies(ctx, sampler, |ctx| Ok(load_policy_on(ctx, "policy", sampling.device, sampling.dtype)?.0), &prompts, &mut gens, &sampling, logprobs, name)?;
 

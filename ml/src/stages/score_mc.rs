@@ -28,7 +28,7 @@ use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::math::extract;
 use serde::{Deserialize, Serialize};
 
-use crate::sampling::{row_seed, sample_seeded_counted, split_answer, SamplerParams};
+use crate::sampling::{row_seed, sample_seeded, split_answer, SamplerParams};
 use crate::traces::{write_scores, TraceInputs};
 use super::{load_sampler, use_threads};
 use crate::model::FinishReason;
@@ -161,7 +161,7 @@ pub fn mc_values(ctx: &mut StageContext, sampling: &SamplerParams, p: &McParams,
         format!("{} exit {} completion {}", traces[e.trace].at, e.t, r % k)
     };
     let t0 = std::time::Instant::now();
-    let (gens, prefilled) = sample_seeded_counted(ctx, &sampler, &tok, &rows, sampling, "mc", name)?;
+    let (gens, prefilled) = sample_seeded(ctx, &sampler, &tok, &rows, sampling, "mc", name)?;
     sampler.finish()?;
     // An exit's k continuations share its prefix's prefill: positions run, not k prefixes.
     let forward_tokens = prefilled as usize + gens.iter().map(|g| g.tokens.len()).sum::<usize>();
