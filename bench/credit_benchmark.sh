@@ -125,8 +125,9 @@ if real == "1":
     res["command"] = (f"SKIP='{skip}' " if skip.split() else "") + f"REAL=1 PROMPTS={prompts} GROUP={group} TRACES={traces} bash bench/credit_benchmark.sh"
     old["real_model"] = res
     res = old
-elif "real_model" in old:
-    res["real_model"] = old["real_model"]
+else:
+    # The real model's figures (and earlier ones kept beside them) are not this run's: kept.
+    res.update({k: v for k, v in old.items() if k.startswith("real_model")})
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps({k: v for k, v in res.items() if k != "per_method"}, indent=2))
 for m, v in per.items():
