@@ -48,6 +48,14 @@ pub(crate) const GREEK: &[&str] = &[
     "kappa",
     "nu",
     "chi",
+    "Gamma",
+    "Delta",
+    "Theta",
+    "Lambda",
+    "Sigma",
+    "Phi",
+    "Psi",
+    "Omega",
 ];
 
 /// A parsed answer.
@@ -91,6 +99,9 @@ enum Tok {
     Letter(char),
     /// A run of two or more letters that is not a function name (a word of a sentence).
     Word(String),
+    /// A letter or Greek variable with a subscript (`x_0`, `E_{1}`, `\omega_{n}`), named
+    /// `x_0`, `E_1`, `omega_n`.
+    Var(String),
     Sym(char),
     /// `\{` and `\}`
     SetOpen,
@@ -117,6 +128,9 @@ fn tokenize(s: &str) -> Vec<Tok> {
                 while i < chars.len() && chars[i].is_ascii_digit() {
                     i += 1;
                 }
+            } else if i + 1 < chars.len() && chars[i] == '.' && matches!(chars[i + 1], '/' | '*' | ')') {
+                // A float written as code writes it (`-1./3` in Minerva's answers): `1.` is 1.
+                i += 1;
             }
             out.push(Tok::Num(chars[start..i].iter().collect()));
         } else if c == '\\' {
@@ -134,7 +148,11 @@ fn tokenize(s: &str) -> Vec<Tok> {
                 }
                 i += 1;
             } else {
-                out.push(Tok::Cmd(chars[start..i].iter().collect()));
+                let name: String = chars[start..i].iter().collect();
+                match subscript(&chars, &mut i).filter(|_| GREEK.contains(&name.as_str())) {
+                    Some(sub) => out.push(Tok::Var(format!("{name}_{sub}"))),
+                    None => out.push(Tok::Cmd(name)),
+                }
             }
         } else if c.is_alphabetic() {
             let start = i;
@@ -145,7 +163,10 @@ fn tokenize(s: &str) -> Vec<Tok> {
             if FUNCTIONS.contains(&word.as_str()) {
                 out.push(Tok::Cmd(word));
             } else if i - start == 1 {
-                out.push(Tok::Letter(c));
+                match subscript(&chars, &mut i) {
+                    Some(sub) => out.push(Tok::Var(format!("{c}_{sub}"))),
+                    None => out.push(Tok::Letter(c)),
+                }
             } else {
                 out.push(Tok::Word(word));
             }
@@ -155,6 +176,41 @@ fn tokenize(s: &str) -> Vec<Tok> {
         }
     }
     out
+}
+
+/// The subscript at `chars[*i]` (`_0`, `_{10}`, `_{\odot}`, `_{\text {red}}`) as a name part
+/// (`0`, `10`, `odot`, `red`), moving `i` past it; `None` (and `i` unmoved) without one.
+fn subscript(chars: &[char], i: &mut usize) -> Option<String> {
+    if chars.get(*i) != Some(&'_') {
+        return None;
+    }
+    let (body, end) = match chars.get(*i + 1)? {
+        '{' => {
+            let mut depth = 0;
+            let close = (*i + 1..chars.len()).find(|&j| {
+                match chars[j] {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            })?;
+            (chars[*i + 2..close].iter().collect::<String>(), close + 1)
+        }
+        c if c.is_ascii_alphanumeric() => (c.to_string(), *i + 2),
+        _ => return None,
+    };
+    let name: String = body
+        .replace("\\text", "")
+        .replace("\\mathrm", "")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    if name.is_empty() {
+        return None;
+    }
+    *i = end;
+    Some(name)
 }
 
 const MAX_DEPTH: usize = 64;
@@ -445,13 +501,20 @@ impl<'a> Parser<'a> {
                 "infty" => Ok(Node::Num(Num::approx(f64::INFINITY))),
                 "sin" | "cos" | "tan" | "sec" | "csc" | "cot" | "arcsin" | "arccos" | "arctan"
                 | "ln" | "log" | "exp" => {
+                    // `\sin^2 x` is (sin x)^2; `\sin^{-1} x` is arcsin x.
+                    let power = if self.eat_sym('^') { Some(self.frac_arg()?.resolved().approx) } else { None };
                     let x = match self.peek() {
                         Some(Tok::Sym('{')) => self.braced()?,
                         _ => self.power_num()?,
                     }
                     .resolved()
                     .approx;
-                    let y = match c.as_str() {
+                    let inverse = match c.as_str() {
+                        "sin" | "cos" | "tan" if power == Some(-1.0) => Some(format!("arc{c}")),
+                        _ => None,
+                    };
+                    let power = if inverse.is_some() { None } else { power };
+                    let y = match inverse.as_deref().unwrap_or(c.as_str()) {
                         "sin" => x.sin(),
                         "cos" => x.cos(),
                         "tan" => x.tan(),
@@ -464,7 +527,7 @@ impl<'a> Parser<'a> {
                         "exp" => x.exp(),
                         _ => x.ln(),
                     };
-                    Ok(Node::Num(Num::approx(y)))
+                    Ok(Node::Num(Num::approx(power.map_or(y, |p| y.powf(p)))))
                 }
                 name if GREEK.contains(&name) => self.variable(name),
                 _ => Err(ParseError::Symbol {
@@ -506,6 +569,7 @@ impl<'a> Parser<'a> {
                 Ok(Node::Num(Num::approx(std::f64::consts::E)))
             }
             Tok::Letter(c) => self.variable(&c.to_string()),
+            Tok::Var(name) => self.variable(&name),
             Tok::Word(w) => Err(ParseError::Symbol {
                 input: self.input.to_string(),
                 symbol: w,
@@ -542,12 +606,17 @@ impl<'a> Parser<'a> {
         Ok((a, b))
     }
 
-    /// `{expr}` or a single digit (`\frac12`, `\sqrt2`).
+    /// `{expr}`, a single digit (`\frac12`, `\sqrt2`) or a single constant or variable
+    /// (`\frac \pi4`, `\frac x2`): TeX reads one token.
     fn frac_arg(&mut self) -> Result<Num, ParseError> {
         if self.peek() == Some(&Tok::Sym('{')) {
             return self.braced();
         }
         match self.peek().cloned() {
+            Some(Tok::Letter(_)) | Some(Tok::Cmd(_)) | Some(Tok::Var(_)) if self.peek().is_some_and(one_token_value) => match self.primary_inner()? {
+                Node::Num(n) => Ok(n),
+                Node::Group(_) => Err(self.unexpected()),
+            },
             Some(Tok::Num(s)) => {
                 let first = &s[..1];
                 let rest = &s[1..];
@@ -564,6 +633,15 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// A token that is a value by itself: a letter variable, `\pi`, a Greek variable.
+fn one_token_value(t: &Tok) -> bool {
+    match t {
+        Tok::Letter(_) | Tok::Var(_) => true,
+        Tok::Cmd(c) => c == "pi" || GREEK.contains(&c.as_str()),
+        _ => false,
+    }
+}
+
 fn starts_primary(t: &Tok) -> bool {
     match t {
         Tok::Num(_) | Tok::SetOpen => true,
@@ -573,7 +651,7 @@ fn starts_primary(t: &Tok) -> bool {
                 || FUNCTIONS.contains(&c.as_str())
                 || GREEK.contains(&c.as_str())
         }
-        Tok::Letter(_) | Tok::Word(_) => true,
+        Tok::Letter(_) | Tok::Word(_) | Tok::Var(_) => true,
         Tok::SetClose => false,
     }
 }
@@ -656,6 +734,7 @@ pub fn variables(normalized: &str) -> Vec<String> {
         for t in tokenize(&part) {
             let name = match t {
                 Tok::Letter(c) if c != 'e' => c.to_string(),
+                Tok::Var(name) => name,
                 Tok::Cmd(c) if GREEK.contains(&c.as_str()) => c,
                 _ => continue,
             };
