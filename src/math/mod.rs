@@ -491,6 +491,9 @@ mod tests {
         assert!(verify("m_{p} c^{2}\\left(\\gamma^{2}-1\\right) \\sin ^{2} \\theta", "m_p c^2 (\\gamma^2 - 1)\\sin^2\\theta"));
         // A base subscript of a number is still dropped (`40_9` is 40).
         assert!(verify("40_9", "40"));
+        // A logarithm's base is no subscripted variable, and not dropped either.
+        assert!(!verify("\\log_2 (x-1)", "\\ln(x-1)"));
+        assert!(!verify("\\log_{10} x", "\\log x"));
     }
 
     // Found on real model answers (data/real-answers/): a small model echoes its instruction.

@@ -149,7 +149,9 @@ fn tokenize(s: &str) -> Vec<Tok> {
                 i += 1;
             } else {
                 let name: String = chars[start..i].iter().collect();
-                match subscript(&chars, &mut i).filter(|_| GREEK.contains(&name.as_str())) {
+                // Only a Greek variable takes a subscript into its name (`\log_2` keeps its base).
+                let sub = if GREEK.contains(&name.as_str()) { subscript(&chars, &mut i) } else { None };
+                match sub {
                     Some(sub) => out.push(Tok::Var(format!("{name}_{sub}"))),
                     None => out.push(Tok::Cmd(name)),
                 }
