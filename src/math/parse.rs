@@ -301,7 +301,13 @@ impl<'a> Parser<'a> {
     }
 
     fn num(&mut self) -> Result<Num, ParseError> {
-        match self.expr()? {
+        let node = self.expr()?;
+        self.number(node)
+    }
+
+    /// A node that must be a number (a group is unexpected where it stands).
+    fn number(&self, node: Node) -> Result<Num, ParseError> {
+        match node {
             Node::Num(n) => Ok(n),
             Node::Group(_) => Err(self.unexpected()),
         }
@@ -363,10 +369,7 @@ impl<'a> Parser<'a> {
             self.enter()?;
             let inner = self.unary()?;
             self.depth -= 1;
-            return match inner {
-                Node::Num(n) => Ok(Node::Num(-n)),
-                Node::Group(_) => Err(self.unexpected()),
-            };
+            return Ok(Node::Num(-self.number(inner)?));
         }
         if self.eat_sym('+') {
             self.enter()?;
@@ -399,10 +402,8 @@ impl<'a> Parser<'a> {
     }
 
     fn postfix_num(&mut self) -> Result<Num, ParseError> {
-        match self.postfix()? {
-            Node::Num(n) => Ok(n),
-            Node::Group(_) => Err(self.unexpected()),
-        }
+        let node = self.postfix()?;
+        self.number(node)
     }
 
     /// A primary with a trailing `%` or `!`.
@@ -505,18 +506,17 @@ impl<'a> Parser<'a> {
                 | "ln" | "log" | "exp" => {
                     // `\sin^2 x` is (sin x)^2; `\sin^{-1} x` is arcsin x.
                     let power = if self.eat_sym('^') { Some(self.frac_arg()?.resolved().approx) } else { None };
+                    let (name, power) = match (c.as_str(), power) {
+                        ("sin" | "cos" | "tan", Some(-1.0)) => (format!("arc{c}"), None),
+                        _ => (c.clone(), power),
+                    };
                     let x = match self.peek() {
                         Some(Tok::Sym('{')) => self.braced()?,
                         _ => self.power_num()?,
                     }
                     .resolved()
                     .approx;
-                    let inverse = match c.as_str() {
-                        "sin" | "cos" | "tan" if power == Some(-1.0) => Some(format!("arc{c}")),
-                        _ => None,
-                    };
-                    let power = if inverse.is_some() { None } else { power };
-                    let y = match inverse.as_deref().unwrap_or(c.as_str()) {
+                    let y = match name.as_str() {
                         "sin" => x.sin(),
                         "cos" => x.cos(),
                         "tan" => x.tan(),
@@ -596,10 +596,8 @@ impl<'a> Parser<'a> {
 
     /// A function argument: a primary with its power (`\sin x^2` is `\sin(x^2)`).
     fn power_num(&mut self) -> Result<Num, ParseError> {
-        match self.power()? {
-            Node::Num(n) => Ok(n),
-            Node::Group(_) => Err(self.unexpected()),
-        }
+        let node = self.power()?;
+        self.number(node)
     }
 
     fn frac_args(&mut self) -> Result<(Num, Num), ParseError> {
@@ -615,10 +613,10 @@ impl<'a> Parser<'a> {
             return self.braced();
         }
         match self.peek().cloned() {
-            Some(Tok::Letter(_)) | Some(Tok::Cmd(_)) | Some(Tok::Var(_)) if self.peek().is_some_and(one_token_value) => match self.primary_inner()? {
-                Node::Num(n) => Ok(n),
-                Node::Group(_) => Err(self.unexpected()),
-            },
+            Some(t) if one_token_value(&t) => {
+                let node = self.primary_inner()?;
+                self.number(node)
+            }
             Some(Tok::Num(s)) => {
                 let first = &s[..1];
                 let rest = &s[1..];

@@ -407,7 +407,7 @@ impl Mapping {
     /// Every required column must exist in the file (its top-level part, for dotted paths).
     fn check(&self, columns: &BTreeSet<String>, file: &Path) -> anyhow::Result<()> {
         for (what, col) in self.required() {
-            let top = col.split('.').next().unwrap_or(col);
+            let top = top_level(col);
             if !columns.contains(top) {
                 // A worked solution without an answer column (NuminaMath-CoT): say how to use it.
                 let boxed_hint = match &self.solution {
@@ -474,6 +474,11 @@ impl Mapping {
         .cloned()
         .collect()
     }
+}
+
+/// The top-level column a column path (`reward_model.ground_truth`) lives in.
+fn top_level(col: &str) -> &str {
+    col.split('.').next().unwrap_or(col)
 }
 
 fn get_path<'a>(row: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
@@ -717,7 +722,7 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
         source
     };
     let (out, rep, skipped_rows) = convert(&path, rows, &columns, &m, &source)?;
-    if let Some(s) = m.solution.as_ref().filter(|s| m.solution_optional && !columns.contains(s.split('.').next().unwrap_or(s))) {
+    if let Some(s) = m.solution.as_ref().filter(|s| m.solution_optional && !columns.contains(top_level(s))) {
         eprintln!("import: {}: no `{s}` column ({} layout): no row has a reference solution (missing_solution {}; `filter` removes such rows, evaluation needs none)", path.display(), layout.name(), rep.missing_solution);
     }
     skipped::write(ctx, "import", &skipped_rows)?;

@@ -74,6 +74,20 @@ impl Project {
     }
 }
 
+/// The project venv's Python (`RREDCOT_VENV`, else `.venv`), else `python3` on the PATH.
+pub fn python() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = std::env::var_os("RREDCOT_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv"));
+    let p = venv.join("bin/python");
+    if p.exists() {
+        p
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).to_string()
 }
