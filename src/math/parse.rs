@@ -24,8 +24,10 @@ const FUNCTIONS: &[&str] = &[
     "exp", "pi",
 ];
 
-/// Greek-letter commands read as variables.
+/// Greek-letter commands read as variables, and the physics letters `\hbar` and `\ell`.
 pub(crate) const GREEK: &[&str] = &[
+    "hbar",
+    "ell",
     "alpha",
     "beta",
     "gamma",
@@ -57,6 +59,12 @@ pub(crate) const GREEK: &[&str] = &[
     "Psi",
     "Omega",
 ];
+
+/// Accents on one letter, each read as a variable of its own (`\dot{x}_0` is not `x_0`).
+const ACCENTS: &[&str] = &["dot", "ddot", "hat", "bar", "vec", "tilde"];
+
+/// Commands whose braced argument is text, never letters to multiply (see [`letter_products`]).
+const TEXT_COMMANDS: &[&str] = &["text", "textbf", "mathrm", "mathbf", "operatorname", "mbox"];
 
 /// A parsed answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,11 +156,16 @@ fn tokenize(s: &str) -> Vec<Tok> {
                 }
                 i += 1;
             } else {
-                let name: String = chars[start..i].iter().collect();
-                // Only a Greek variable takes a subscript into its name (`\log_2` keeps its base).
-                let sub = if GREEK.contains(&name.as_str()) { subscript(&chars, &mut i) } else { None };
-                match sub {
+                let mut name: String = chars[start..i].iter().collect();
+                let accented = ACCENTS.contains(&name.as_str()).then(|| accent_argument(&chars, &mut i)).flatten();
+                if let Some(base) = &accented {
+                    name = format!("{base}{name}");
+                }
+                // Only a variable takes a subscript into its name (`\log_2` keeps its base).
+                let variable = accented.is_some() || GREEK.contains(&name.as_str());
+                match variable.then(|| subscript(&chars, &mut i)).flatten() {
                     Some(sub) => out.push(Tok::Var(format!("{name}_{sub}"))),
+                    None if accented.is_some() => out.push(Tok::Var(name)),
                     None => out.push(Tok::Cmd(name)),
                 }
             }
@@ -178,6 +191,40 @@ fn tokenize(s: &str) -> Vec<Tok> {
         }
     }
     out
+}
+
+/// The one letter an accent sits on (`{x}`, ` x`, `{\omega}`) as a name (`x`, `omega`), moving
+/// `i` past it; `None` (and `i` unmoved) for anything else (`\bar{AB}`).
+fn accent_argument(chars: &[char], i: &mut usize) -> Option<String> {
+    let mut j = *i;
+    while chars.get(j).is_some_and(|c| c.is_whitespace()) {
+        j += 1;
+    }
+    let braced = chars.get(j) == Some(&'{');
+    if braced {
+        j += 1;
+    }
+    let start = j;
+    if chars.get(j) == Some(&'\\') {
+        j += 1;
+    }
+    while chars.get(j).is_some_and(char::is_ascii_alphabetic) {
+        j += 1;
+    }
+    let name: String = chars[start..j].iter().collect();
+    let name = match name.strip_prefix('\\') {
+        Some(g) if GREEK.contains(&g) => g.to_string(),
+        None if name.len() == 1 => name,
+        _ => return None,
+    };
+    if braced {
+        if chars.get(j) != Some(&'}') {
+            return None;
+        }
+        j += 1;
+    }
+    *i = j;
+    Some(name)
 }
 
 /// The subscript at `chars[*i]` (`_0`, `_{10}`, `_{\odot}`, `_{\text {red}}`) as a name part
@@ -408,7 +455,14 @@ impl<'a> Parser<'a> {
 
     /// A primary with a trailing `%` or `!`.
     fn postfix(&mut self) -> Result<Node, ParseError> {
-        let p = self.primary()?;
+        let mut p = self.primary()?;
+        while self.peek() == Some(&Tok::Sym('!')) && self.toks.get(self.pos + 1) != Some(&Tok::Sym('=')) {
+            let Node::Num(n) = p else {
+                return Err(self.unexpected());
+            };
+            p = Node::Num(self.factorial(n)?);
+            self.pos += 1;
+        }
         if self.peek() == Some(&Tok::Sym('%')) {
             self.pos += 1;
             let Node::Num(mut n) = p else {
@@ -421,6 +475,21 @@ impl<'a> Parser<'a> {
             return Ok(Node::Num(n));
         }
         Ok(p)
+    }
+
+    /// `n!`, exact: an integer from 0 to 33 (34! overflows `i128`). A larger one is an error, not
+    /// an infinity that `\frac{1}{2004!}` would turn into a zero equal to `0`.
+    fn factorial(&self, n: Num) -> Result<Num, ParseError> {
+        match n.resolved().exact {
+            Some(r) if r.is_integer() && (0..=33).contains(&r.numer()) => {
+                let f = (1..=r.numer()).product::<i128>();
+                Ok(Num::rational(Rational::int(f), Kind::Integer))
+            }
+            _ => Err(ParseError::Symbol {
+                input: self.input.to_string(),
+                symbol: "!".to_string(),
+            }),
+        }
     }
 
     fn braced(&mut self) -> Result<Num, ParseError> {
@@ -645,7 +714,8 @@ fn one_token_value(t: &Tok) -> bool {
 fn starts_primary(t: &Tok) -> bool {
     match t {
         Tok::Num(_) | Tok::SetOpen => true,
-        Tok::Sym(c) => matches!(c, '(' | '{'),
+        // `\lambda^5 \left[e^{x}-1\right]`: a bracket multiplies as a parenthesis does.
+        Tok::Sym(c) => matches!(c, '(' | '{' | '['),
         Tok::Cmd(c) => {
             matches!(c.as_str(), "frac" | "sqrt" | "pi" | "infty")
                 || FUNCTIONS.contains(&c.as_str())
@@ -657,7 +727,8 @@ fn starts_primary(t: &Tok) -> bool {
 }
 
 fn bracket(open: char, close: char, mut items: Vec<Answer>) -> Node {
-    if items.len() == 1 && open == '(' && close == ')' {
+    // `(x)` and `\left[x\right]^{5/2}` group; one item in mixed brackets is no interval either.
+    if items.len() == 1 && ((open == '(' && close == ')') || (open == '[' && close == ']')) {
         return match items.pop() {
             Some(Answer::Number(n)) => Node::Num(n),
             Some(other) => Node::Group(other),
@@ -713,6 +784,97 @@ fn thousands(s: &str) -> Option<String> {
         out.push_str(f);
     }
     Some(out)
+}
+
+/// `3qr`, `\frac{hc}{\lambda}`, `SRMC = LRMC` with each letter of a run of letters apart, to be
+/// read as a product of variables (`3q r`, `\frac{h c}{\lambda}`), as math-verify reads them.
+/// Only a run glued to a digit or standing next to an operator or bracket is split; `None` when
+/// no run was, or when a run stands among words (`MR=SRMC, or marginal revenue ...`: a sentence).
+/// Kept whole: commands (`\frac`) and their text arguments (`\text{cm}`), subscripts (`P_{ab}`),
+/// ordinals after a digit (`5th`), `and`/`or`, and any run holding a function name (`sinh`, `pir`),
+/// which would read as something else.
+pub fn letter_products(normalized: &str) -> Option<String> {
+    let b = normalized.as_bytes();
+    let operator = |c: u8| b"=+-*/^(){}[]<>|\\_".contains(&c);
+    let mut out: Vec<u8> = Vec::with_capacity(b.len() + 8);
+    let mut changed = false;
+    let mut i = 0;
+    // Copies b[i..] through the `}` that closes the `{` at b[i] (or to the end).
+    let through_group = |i: usize, out: &mut Vec<u8>| -> usize {
+        let mut depth = 0;
+        let mut j = i;
+        while j < b.len() {
+            match b[j] {
+                b'{' => depth += 1,
+                b'}' => depth -= 1,
+                _ => {}
+            }
+            j += 1;
+            if depth == 0 {
+                break;
+            }
+        }
+        out.extend_from_slice(&b[i..j]);
+        j
+    };
+    while i < b.len() {
+        let c = b[i];
+        if c == b'\\' {
+            let start = i + 1;
+            let mut j = start;
+            while j < b.len() && b[j].is_ascii_alphabetic() {
+                j += 1;
+            }
+            let end = j.max(start + 1).min(b.len());
+            out.extend_from_slice(&b[i..end]);
+            let command = &normalized[start..j];
+            i = end;
+            if TEXT_COMMANDS.contains(&command) && b.get(i) == Some(&b'{') {
+                i = through_group(i, &mut out);
+            }
+        } else if c == b'_' {
+            out.push(c);
+            i += 1;
+            if b.get(i) == Some(&b'{') {
+                i = through_group(i, &mut out);
+            } else if b.get(i).is_some_and(u8::is_ascii_alphanumeric) {
+                out.push(b[i]);
+                i += 1;
+            }
+        } else if c.is_ascii_alphabetic() {
+            let mut j = i;
+            while j < b.len() && b[j].is_ascii_alphabetic() {
+                j += 1;
+            }
+            let run = &normalized[i..j];
+            let before = b[..i].iter().rposition(|c| !c.is_ascii_whitespace()).map(|k| (b[k], k + 1 < i));
+            let after = b[j..].iter().find(|c| !c.is_ascii_whitespace()).copied();
+            let kept = run.len() == 1
+                || ["and", "or"].contains(&run)
+                || FUNCTIONS.iter().any(|f| run.contains(f))
+                || (before.is_some_and(|(c, spaced)| c.is_ascii_digit() && !spaced) && ["st", "nd", "rd", "th"].contains(&run));
+            let glued = before.is_some_and(|(c, spaced)| operator(c) || (c.is_ascii_digit() && !spaced))
+                || after.is_some_and(|c| operator(c) || (c.is_ascii_digit() && j < b.len() && b[j] == c));
+            if kept {
+                out.extend_from_slice(run.as_bytes());
+            } else if glued {
+                for (k, letter) in run.bytes().enumerate() {
+                    if k > 0 {
+                        out.push(b' ');
+                    }
+                    out.push(letter);
+                }
+                changed = true;
+            } else {
+                return None;
+            }
+            i = j;
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    changed.then(|| String::from_utf8(out).ok()).flatten()
 }
 
 /// Parse a normalized numeric answer (a variable is an error). A top-level `lhs = rhs` keeps only

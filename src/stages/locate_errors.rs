@@ -26,7 +26,7 @@ pub(crate) struct LocateParams {
     limit: usize,
 }
 
-pub const STAGE: Builtin = Builtin { name: "locate_errors", version: "1", runs_in: Executable::Engine, run };
+pub const STAGE: Builtin = Builtin { name: "locate_errors", version: "2", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let LocateParams { locator, limit } = ctx.params()?;
