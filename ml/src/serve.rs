@@ -7,7 +7,9 @@
 //! a list of token ids, plus `logprobs` = how many top tokens per position,
 //! `return_tokens_as_token_ids` (tokens as `"token_id:123"`, as vLLM writes them) and
 //! `return_token_ids` (each choice's `token_ids`); streamed, those come whole in a choice's last chunk),
-//! `GET /v1/models`, `GET /version`, `GET /health`. Both take vLLM's `ignore_eos`,
+//! `GET /v1/models`, `GET /version`, `GET /health`, and SGLang's `POST /update_weights_from_disk`
+//! (`model_path`: another checkpoint, loaded once no request is generating; the served name
+//! stays; what a stage whose `reload = "sglang"` calls). Both take vLLM's `ignore_eos`,
 //! `skip_special_tokens` and `include_stop_str_in_output`; a chat also `add_generation_prompt` and
 //! `chat_template_kwargs.enable_thinking`. Responses have OpenAI's shapes; a streamed one is
 //! OpenAI's server-sent chunks ([`stream`]); a bad request gets HTTP 400 with an OpenAI-style
@@ -115,6 +117,10 @@ struct Prepared {
 struct State {
     model: DecoderLm,
     tok: Tokenizer,
+    /// How the model was loaded (a checkpoint loaded later is loaded the same way).
+    load: LoadOptions,
+    /// A `POST /update_weights_from_disk` waiting for the requests taken before it.
+    reload: std::cell::RefCell<Option<(Incoming, std::path::PathBuf)>>,
     name: String,
     created: u64,
     max_new_tokens: usize,
@@ -141,6 +147,17 @@ impl State {
                 req.respond(200, &body);
             }
             (Method::GET, "/health") => req.respond(200, &json!({ "status": "ok" })),
+            (Method::POST, "/update_weights_from_disk") => {
+                let path = req.body.as_ref().ok().and_then(|b| serde_json::from_slice::<Value>(b).ok()).and_then(|v| v.get("model_path")?.as_str().map(std::path::PathBuf::from));
+                match path {
+                    Some(path) => {
+                        if let Some((earlier, _)) = self.reload.replace(Some((req, path))) {
+                            earlier.respond(409, &json!({ "success": false, "message": "superseded by a later update_weights_from_disk" }));
+                        }
+                    }
+                    None => req.respond(400, &json!({ "success": false, "message": "the body must be JSON with a string model_path" })),
+                }
+            }
             (Method::GET, "/version") => req.respond(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "engine": "rredcot" })),
             (Method::POST, "/v1/chat/completions" | "/v1/completions") => {
                 let started = req.received;
@@ -157,7 +174,7 @@ impl State {
                     Err(e) => req.respond(e.status, &error_body(&e)),
                 }
             }
-            (_, "/v1/models" | "/health" | "/version" | "/v1/chat/completions" | "/v1/completions") => {
+            (_, "/v1/models" | "/health" | "/version" | "/v1/chat/completions" | "/v1/completions" | "/update_weights_from_disk") => {
                 req.respond(405, &error_body(&ApiError { status: 405, message: format!("method not allowed on {path}") }))
             }
             _ => req.respond(404, &error_body(&ApiError { status: 404, message: format!("no route {path}") })),
@@ -456,6 +473,26 @@ fn fail(job: Job, msg: &str) {
     }
 }
 
+impl State {
+    /// Replaces the model with the checkpoint at `path` (and its tokenizer), answering `req` as
+    /// SGLang does; a checkpoint that fails to load leaves the old model serving.
+    fn load_weights(&mut self, req: Incoming, path: &std::path::Path) {
+        let t0 = Instant::now();
+        let loaded = model::load(path, &self.load)
+            .with_context(|| format!("loading {}", path.display()))
+            .and_then(|l| Ok((l.model, l.tokenizer.with_context(|| format!("{}: no tokenizer.json next to the checkpoint", path.display()))?)));
+        match loaded {
+            Ok((model, tok)) => {
+                self.model = model;
+                self.tok = tok;
+                tracing::info!("loaded {} in {:.2} s", path.display(), t0.elapsed().as_secs_f64());
+                req.respond(200, &json!({ "success": true, "message": format!("loaded {}", path.display()), "num_paused_requests": 0 }));
+            }
+            Err(e) => req.respond(400, &json!({ "success": false, "message": format!("{e:#}") })),
+        }
+    }
+}
+
 /// Runs the server until the process is stopped.
 pub fn run(args: &ServeArgs) -> Result<()> {
     if args.threads > 0 {
@@ -471,9 +508,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     });
     let server = Front::bind(&args.host, args.port, MAX_BODY)?;
     let addr = server.addr();
-    let state = State {
+    let mut state = State {
         model: loaded.model,
         tok,
+        load: opts,
+        reload: std::cell::RefCell::new(None),
         name,
         created: now_s(),
         max_new_tokens: args.max_new_tokens,
@@ -489,6 +528,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let mut queue: VecDeque<Job> = VecDeque::new();
     loop {
         if queue.is_empty() {
+            if let Some((req, path)) = state.reload.take() {
+                state.load_weights(req, &path);
+                continue;
+            }
             let first = server.recv()?;
             queue.extend(state.route(first));
             // Requests sent together arrive over a few milliseconds: wait that long for the rest

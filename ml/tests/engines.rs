@@ -19,7 +19,7 @@ use rredcot::artifact::{read_rows, Schema};
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, world_front, TINY_WORLD};
+use common::{instance, output, record, repo, world_front, TINY_WORLD};
 
 fn worker() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
@@ -213,6 +213,81 @@ params = {{ method = "hybrid", max_segments = 4 }}
     assert!(processes_with(&format!("--model-name {policy}")).is_empty(), "{:?}", processes_with(&policy));
 }
 
+/// `reload = "sglang"`: the engine the first rollout started is kept by the (warm) stage process,
+/// and the next rollout, over another checkpoint, loads that checkpoint into it through
+/// `POST /update_weights_from_disk` instead of starting one. Each rollout equals the built-in one
+/// over its own checkpoint: an engine that kept sampling the first checkpoint fails this.
+#[test]
+fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let http = format!(", backend = \"http\", server_command = \"{SERVE}\", concurrency = 4, timeout_s = 120.0, reload = \"sglang\"");
+    let roll = |name: &str, policy: &str, extra: &str| {
+        format!("[[stage]]\nname = \"{name}\"\nuses = \"rollout\"\ninputs = {{ prompts = \"taskgen.eval\", policy = \"{policy}.model\" }}\nparams = {{ seed = 3, limit = 3, group_size = 3, max_new_tokens = 40, batch_size = 4, device = \"cpu\", threads = 1{extra} }}\n")
+    };
+    // A second policy with the same tokenizer: the tiny world's SFT with another seed and fewer steps.
+    let stages = format!(
+        "[[stage]]\nname = \"sft2\"\nuses = \"bootstrap_sft\"\ninputs = {{ train = \"taskgen.train\", eval = \"taskgen.eval\", tokenizer = \"tokenizer.tokenizer\" }}\n\
+         params = {{ seed = 1, steps = 20, batch_size = 8, layers = 2, hidden = 64, heads = 2, kv_heads = 1, intermediate = 128, eval_n = 4, eval_max_new_tokens = 16 }}\n{}{}{}{}",
+        roll("local_a", "sft", ""),
+        roll("local_b", "sft2", ""),
+        roll("http_a", "sft", &http),
+        roll("http_b", "sft2", &http)
+    );
+    let p = pipeline(dir.path(), &stages);
+    // One stage at a time, so one warm process runs them all (an engine is kept per process).
+    let s = run_ok(&store, &p, &["--jobs", "1"]);
+    let (a, b) = (rollouts(&store, &s, "local_a"), rollouts(&store, &s, "local_b"));
+    assert_ne!(a.iter().map(|r| &r.completion_ids).collect::<Vec<_>>(), b.iter().map(|r| &r.completion_ids).collect::<Vec<_>>(), "the two policies sample alike");
+    assert_same_rollouts(&a, &rollouts(&store, &s, "http_a"), "first checkpoint");
+    assert_same_rollouts(&b, &rollouts(&store, &s, "http_b"), "second checkpoint");
+    // Exactly one of the two started the engine; the other loaded its checkpoint into it.
+    let recs = [record(&store, &s, "http_a"), record(&store, &s, "http_b")];
+    let reused: Vec<bool> = recs.iter().map(|r| r["metrics"]["engine_reused"].as_bool().unwrap()).collect();
+    assert_eq!(reused.iter().filter(|r| **r).count(), 1, "{:?}", recs.iter().map(|r| &r["metrics"]).collect::<Vec<_>>());
+    let (started, kept) = if reused[0] { (&recs[1], &recs[0]) } else { (&recs[0], &recs[1]) };
+    assert!(kept["metrics"]["engine_reload_s"].as_f64().unwrap() > 0.0, "{kept}");
+    assert_eq!(kept["metrics"]["engine_url"], started["metrics"]["engine_url"], "the same engine");
+    assert_eq!(started["metrics"]["engine_reload_s"].as_f64(), Some(0.0), "{started}");
+    // The kept engine ends with the run.
+    let first = started["inputs"]["policy"]["hash"].as_str().unwrap().to_string();
+    assert!(processes_with(&format!("--model-name {first}")).is_empty(), "{:?}", processes_with(&first));
+
+    // An engine that answers success to the load and keeps sampling from other weights (as vLLM
+    // 0.32's CPU build does): the model core's prefill of its samples shows it, the stage fails
+    // naming the cause, nothing of it is cached and the engine is stopped.
+    let fake = dir.path().join("fake.py");
+    std::fs::write(&fake, FAKE).unwrap();
+    let pidfile = dir.path().join("engine.pid");
+    let fake_http = format!(", backend = \"http\", server_command = \"python3 {} {{port}} ok {{policy_hash}} {}\", timeout_s = 20.0, reload = \"sglang\"", fake.display(), pidfile.display());
+    let p = pipeline(dir.path(), &format!("{stages}{}{}", roll("fake_a", "sft", &fake_http), roll("fake_b", "sft2", &fake_http)));
+    let out = run(&store, &p, &["--jobs", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("kept from an earlier stage") && err.contains("did not take") && err.contains("reload = \"none\""), "{err}");
+    let failed = if err.contains("stage `fake_a`: the engine kept") { "fake_a" } else { "fake_b" };
+    assert!(err.contains(&format!("stage `{failed}`: the engine kept")), "{err}");
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cached = |st: &str| instance(&store, &summary, st).join("run.json").exists();
+    assert!(!cached(failed) && cached(if failed == "fake_a" { "fake_b" } else { "fake_a" }), "the stage that started the engine is cached, the one that reused it is not");
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    assert!(!Path::new(&format!("/proc/{pid}")).exists() || is_zombie(&pid), "engine {pid} outlived the failed stage");
+
+    // A stage that does not prefill the engine's samples cannot check a kept engine: refused.
+    let p = pipeline(dir.path(), &format!("{stages}{}", roll("topk", "sft", &format!("{http}, entropies = \"topk\", top_logprobs = 2"))));
+    let out = run(&store, &p, &["--until", "topk"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("stage `topk`: reload = \"sglang\" needs entropies = \"prefill\""), "{err}");
+    // Stages that keep no logprobs to check have no such param.
+    let p = pipeline(
+        dir.path(),
+        &format!("{stages}[[stage]]\nname = \"ev\"\nuses = \"eval\"\ninputs = {{ policy = \"sft.model\", \"benchmarks.tg\" = \"taskgen.eval\" }}\nparams = {{ limit = 2, max_new_tokens = 8, device = \"cpu\", threads = 1{http} }}\n"),
+    );
+    let out = run(&store, &p, &["--until", "ev"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("unknown param for stage kind `eval`") && err.contains("reload"), "{err}");
+}
+
 /// A fake engine: `python3 fake.py PORT MODE MODEL PIDFILE`. MODE: ok, text (no token ids), fewer
 /// (one choice short), hang (completions never answer), die (exits on the second completion
 /// request), model (lists another model).
@@ -237,6 +312,8 @@ class H(BaseHTTPRequestHandler):
             self.reply({"error": "no"}, 404)
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/update_weights_from_disk":
+            return self.reply({"success": True, "message": "(not really)"})
         calls[0] += 1
         if mode == "hang":
             time.sleep(3600)

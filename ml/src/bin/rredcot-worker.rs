@@ -26,5 +26,9 @@ fn main() {
         Ok(None) => {}
         Err(e) => refuse(e),
     }
-    std::process::exit(rredcot::cli::main(&rredcot_ml::stages::FULL_RUNTIME, Some(rredcot_ml::serve::run)));
+    let code = rredcot::cli::main(&rredcot_ml::stages::FULL_RUNTIME, Some(rredcot_ml::serve::run));
+    // An engine kept between stages (param `reload`) gets SIGTERM and its grace period, rather
+    // than its guardian's SIGKILL at exit.
+    rredcot_ml::sampling::http::release_parked();
+    std::process::exit(code);
 }

@@ -20,6 +20,13 @@
 //! ids with the policy's tokenizer, exactly as the built-in sampler does, so both backends write
 //! the same rows for the same tokens.
 //!
+//! With `reload` (`"sglang"`, `"vllm"`), an engine the stage started is not stopped at its end but
+//! kept by this process (a warm stage process runs one stage after another): the next stage that
+//! would start the same `server_command` loads its checkpoint into the running engine instead
+//! (SGLang's and `rredcot serve`'s `POST /update_weights_from_disk`; vLLM's `POST /collective_rpc`
+//! `reload_weights`, then `POST /reset_prefix_cache`, so no KV block computed under the old
+//! weights is reused), and a training chain starts its engine once, not once per step.
+//!
 //! This module knows OpenAI's wire format and processes; nothing of stages' outputs.
 
 use std::io::Read;
@@ -51,6 +58,20 @@ pub enum Backend {
     Http,
 }
 
+/// How an engine kept from an earlier stage loads the next checkpoint (param `reload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reload {
+    /// Never: the engine is started and stopped with each stage.
+    #[default]
+    None,
+    /// `POST /update_weights_from_disk {"model_path"}` (SGLang; `rredcot serve`).
+    Sglang,
+    /// `POST /collective_rpc` with `reload_weights` from the checkpoint, then
+    /// `POST /reset_prefix_cache` (vLLM started with `VLLM_SERVER_DEV_MODE=1`).
+    Vllm,
+}
+
 /// The stage params of the `http` backend (every sampling stage has them).
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct HttpParams {
@@ -63,6 +84,11 @@ pub struct HttpParams {
     pub concurrency: usize,
     /// Attempts after the first for a request that failed to connect, timed out or got a 5xx.
     pub retries: u32,
+    /// Keep the engine this stage started for the next stage of this process, which loads its
+    /// checkpoint into it ([`Reload`]). Not a param of every sampling stage: the stages that can
+    /// check the load (rollout, resets) read it with [`super::EngineLogprobs`] and set it here.
+    #[serde(skip)]
+    pub reload: Reload,
 }
 
 impl HttpParams {
@@ -77,6 +103,40 @@ impl HttpParams {
     fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s)
     }
+
+    /// What an engine kept for reuse must have been started as: the same command template (its
+    /// placeholders unfilled), served-model template and reload protocol.
+    fn engine_key(&self) -> String {
+        format!("{}\n{}\n{:?}", self.server_command, self.served_model, self.reload)
+    }
+}
+
+/// An engine kept by this process after its stage ([`HttpParams::reload`]).
+struct Parked {
+    key: String,
+    server: EngineServer,
+    base: String,
+    model: String,
+    engine: String,
+    engine_version: String,
+    /// The hash of the checkpoint it holds.
+    policy_hash: String,
+}
+
+static PARKED: Mutex<Option<Parked>> = Mutex::new(None);
+
+/// The kept engine, when it was started as `key` and still runs; any other kept engine is
+/// stopped.
+fn take_parked(key: &str) -> Option<Parked> {
+    let parked = PARKED.lock().ok()?.take()?;
+    (parked.key == key && parked.server.exited().is_none()).then_some(parked)
+}
+
+/// Stops the engine this process kept, if any (at the end of a warm stage process; the engine's
+/// guardian kills it anyway when the process dies).
+pub fn release_parked() {
+    let parked = PARKED.lock().ok().and_then(|mut p| p.take());
+    drop(parked);
 }
 
 /// One request: `n` completions of `prompt`, choice i with seed `seed + i`.
@@ -203,8 +263,16 @@ pub struct HttpSampler {
     pub engine: String,
     pub engine_version: String,
     server: Option<EngineServer>,
-    /// Seconds from opening to the first answer of `/v1/models` (the engine's start).
+    /// Seconds from opening to the first answer of `/v1/models` (the engine's start), or to the
+    /// end of loading the checkpoint into a kept engine.
     pub startup_s: f64,
+    /// Whether the engine was kept from an earlier stage, and the seconds its checkpoint load
+    /// took (0 when it held this checkpoint already).
+    pub reused: bool,
+    pub reload_s: f64,
+    /// [`HttpParams::engine_key`] and the policy's hash, for keeping the engine.
+    key: String,
+    policy_hash: String,
     pub requests: AtomicI64,
     pub retried: AtomicI64,
 }
@@ -232,6 +300,12 @@ impl HttpSampler {
                 params.base_url,
                 &hash[..12.min(hash.len())]
             );
+        }
+        let key = params.engine_key();
+        if params.reload != Reload::None && !params.server_command.trim().is_empty() {
+            if let Some(parked) = take_parked(&key) {
+                return HttpSampler::reuse(stage, parked, agent, params, &path, hash, opened);
+            }
         }
         let (base, server) = if params.server_command.trim().is_empty() {
             if params.base_url.trim().is_empty() {
@@ -265,6 +339,10 @@ impl HttpSampler {
             engine_version: String::new(),
             server,
             startup_s: 0.0,
+            reused: false,
+            reload_s: 0.0,
+            key,
+            policy_hash: hash.clone(),
             requests: AtomicI64::new(0),
             retried: AtomicI64::new(0),
         };
@@ -294,6 +372,62 @@ impl HttpSampler {
             Err(_) => "unknown".into(),
         };
         Ok(s)
+    }
+
+    /// A kept engine ([`Parked`]), loaded with the checkpoint at `path` unless it holds it.
+    fn reuse(stage: String, parked: Parked, agent: ureq::Agent, params: HttpParams, path: &Path, hash: String, opened: Instant) -> Result<HttpSampler> {
+        let held = parked.policy_hash.clone();
+        let mut s = HttpSampler {
+            stage,
+            base: parked.base,
+            model: parked.model,
+            agent,
+            engine: parked.engine,
+            engine_version: parked.engine_version,
+            server: Some(parked.server),
+            startup_s: 0.0,
+            reused: true,
+            reload_s: 0.0,
+            key: parked.key,
+            policy_hash: hash,
+            requests: AtomicI64::new(0),
+            retried: AtomicI64::new(0),
+            params,
+        };
+        s.wait_ready()?;
+        if held != s.policy_hash {
+            let t0 = Instant::now();
+            s.load_checkpoint(path)?;
+            s.reload_s = t0.elapsed().as_secs_f64();
+        }
+        s.startup_s = opened.elapsed().as_secs_f64();
+        tracing::info!("stage `{}`: reusing the engine at {} ({:.2} s to load the checkpoint)", s.stage, s.base, s.reload_s);
+        Ok(s)
+    }
+
+    /// Loads the checkpoint at `path` into the running engine ([`Reload`]); an engine that says
+    /// it failed, or answers with anything but success, is an error (it may hold either).
+    fn load_checkpoint(&self, path: &Path) -> Result<()> {
+        let root = self.base.trim_end_matches("/v1");
+        let calls = match self.params.reload {
+            Reload::None => vec![],
+            Reload::Sglang => vec![(format!("{root}/update_weights_from_disk"), json!({ "model_path": path }))],
+            Reload::Vllm => vec![
+                (format!("{root}/collective_rpc"), json!({ "method": "reload_weights", "kwargs": { "weights_path": path, "is_checkpoint_format": true } })),
+                (format!("{root}/reset_prefix_cache"), json!({})),
+            ],
+        };
+        for (url, body) in calls {
+            let what = || format!("stage `{}`: loading the checkpoint {} into the engine: POST {url}", self.stage, path.display());
+            let mut resp = self.agent.post(&url).header("Content-Type", "application/json").send_json(&body).map_err(|e| anyhow!("{}: {e}{}", what(), self.engine_note()))?;
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            let refused = serde_json::from_str::<Value>(&text).ok().and_then(|v| v.get("success").and_then(Value::as_bool)) == Some(false);
+            if status != 200 || refused {
+                bail!("{}: HTTP {status}: {}{}", what(), clip(&text), self.engine_note());
+            }
+        }
+        Ok(())
     }
 
     /// The endpoint base (`…/v1`).
@@ -457,12 +591,28 @@ impl HttpSampler {
         Ok(out)
     }
 
-    /// Stops the engine (when the stage started it) and checks it was still alive: an engine that
-    /// died during the run is an error even when every reply had arrived.
+    /// Stops the engine (when the stage started it; with `reload`, keeps it for the next stage)
+    /// and checks it was still alive: an engine that died during the run is an error even when
+    /// every reply had arrived.
     pub fn stop(mut self) -> Result<()> {
         if let Some(server) = self.server.take() {
             if let Some(why) = server.exited() {
                 bail!("stage `{}`: {why}", self.stage);
+            }
+            if self.params.reload != Reload::None {
+                let parked = Parked {
+                    key: std::mem::take(&mut self.key),
+                    server,
+                    base: self.base.clone(),
+                    model: self.model.clone(),
+                    engine: self.engine.clone(),
+                    engine_version: self.engine_version.clone(),
+                    policy_hash: self.policy_hash.clone(),
+                };
+                // Replaces (stops) any engine kept before.
+                let old = PARKED.lock().map_err(|_| anyhow!("the kept engine's lock"))?.replace(parked);
+                drop(old);
+                return Ok(());
             }
             drop(server);
         }

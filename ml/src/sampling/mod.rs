@@ -66,9 +66,13 @@ impl SamplerParams {
 pub struct EngineLogprobs {
     pub top_logprobs: usize,
     pub entropies: Entropies,
+    /// Keep the engine for the next stage ([`http::Reload`]); checked by `entropies = "prefill"`.
+    pub reload: http::Reload,
 }
 
 /// What samples a stage's completions (param `backend`).
+// One per stage: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Sampler {
     /// The model core in this process.
     Local(DecoderLm),
@@ -446,8 +450,15 @@ fn sample_http(
     ctx.metric("engine_url", engine.url().to_string());
     ctx.metric("engine_model", engine.model().to_string());
     ctx.metric("engine_startup_s", engine.startup_s);
+    ctx.metric("engine_reused", engine.reused);
+    ctx.metric("engine_reload_s", engine.reload_s);
     Ok((out, prefilled))
 }
+
+/// The mean gap (nats per token) between a kept engine's logprobs and the model core's beyond
+/// which its checkpoint load is taken to have failed: a bf16 engine against the f32 model core is
+/// far below it, an engine still holding other weights far above (5 to 7.5 nats measured).
+const KEPT_ENGINE_GAP: f64 = 0.25;
 
 /// Where the entropies of an engine's completions come from (param `entropies`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -480,23 +491,36 @@ pub fn engine_entropies(
     if sampler.local().is_some() {
         return Ok(());
     }
+    let kept = matches!(&sampler, Sampler::Http { engine, .. } if engine.reused);
     sampler.finish()?;
     let sampling = &p.sampling();
     match logprobs.entropies {
         Entropies::Prefill => {
             let model = load_policy(ctx)?;
             let mut gap = 0f32;
+            let (mut gap_sum, mut tokens) = (0f64, 0usize);
             let mut progress = ctx.progress(gens.len() as u64, "entropies (prefill)");
             for (i, (prompt, g)) in prompts.iter().zip(gens.iter_mut()).enumerate() {
                 let f = model::prefill_completion(&model, prompt, &g.tokens, sampling, 0)
                     .with_context(|| format!("stage `{}`: prefill of {}", ctx.instance, name(i)))?;
                 gap = f.logprobs.iter().zip(&g.logprobs).map(|(a, b)| (a - b).abs()).fold(gap, f32::max);
+                gap_sum += f.logprobs.iter().zip(&g.logprobs).map(|(a, b)| (a - b).abs() as f64).sum::<f64>();
+                tokens += g.logprobs.len().min(f.logprobs.len());
                 g.entropies = f.entropies;
                 progress.set(i as u64 + 1, "entropies (prefill)");
             }
             progress.finish();
             ctx.metric("entropies", "prefill");
             ctx.metric("engine_logprob_gap_max", gap as f64);
+            let mean = gap_sum / tokens.max(1) as f64;
+            ctx.metric("engine_logprob_gap_mean", mean);
+            if kept && mean > KEPT_ENGINE_GAP {
+                http::release_parked();
+                bail!(
+                    "stage `{}`: the engine kept from an earlier stage (param reload) samples with logprobs {mean:.3} nats (mean; max {gap:.3}) away from this stage's checkpoint in the model core: its load of the checkpoint did not take (vLLM 0.32's CPU build does this); the engine is stopped, nothing is cached; set reload = \"none\"",
+                    ctx.instance
+                );
+            }
         }
         Entropies::Topk => {
             if logprobs.top_logprobs == 0 {

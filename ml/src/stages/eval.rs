@@ -41,7 +41,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if benchmarks.is_empty() {
         bail!("stage `{}`: no benchmark to evaluate (wire inputs `benchmarks.<name> = \"stage.prompts\"`)", ctx.instance);
     }
-    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, 0)?;
+    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, None)?;
     let context = sampler.context();
 
     let mut rows = Vec::new();

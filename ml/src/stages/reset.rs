@@ -132,7 +132,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     if let Some(tr) = traces.iter().find(|t| t.rollout.policy_ckpt != policy_hash) {
         bail!("{}: sampled from checkpoint {} but the policy input is {}: resets continue the policy's own traces", tr.at, &tr.rollout.policy_ckpt[..12.min(tr.rollout.policy_ckpt.len())], &policy_hash[..12]);
     }
-    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, logprobs.top_logprobs)?;
+    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, Some(&logprobs))?;
     // Localizing the first wrong step is a prefill in the model core, whatever samples.
     let own_model = match (&sampler, mode) {
         (Sampler::Http { .. }, Mode::Own) => Some(load_policy_on(ctx, "policy", sampling.device, sampling.dtype)?.0),

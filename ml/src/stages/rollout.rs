@@ -54,7 +54,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let prompts_path = ctx.input("prompts")?.to_path_buf();
     let prompts: Vec<PromptRow> = window(read_rows(&prompts_path, Schema::Prompts)?, p.limit, p.batch_index);
     let policy_hash = ctx.input_hash("policy")?.to_string();
-    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, logprobs.top_logprobs)?;
+    let (sampler, tok) = load_sampler(ctx, "policy", &sampling, Some(&logprobs))?;
     let context = sampler.context();
 
     let jobs = plan_jobs(ctx, &prompts, &prompts_path, &tok, context, group, p.on_bad_prompt)?;

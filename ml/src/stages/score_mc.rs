@@ -136,7 +136,7 @@ pub fn mc_values(ctx: &mut StageContext, sampling: &SamplerParams, p: &McParams,
     }
     let inputs = TraceInputs::read(ctx)?;
     let traces = inputs.traces()?;
-    let (sampler, tok) = load_sampler(ctx, model_input, sampling, 0)?;
+    let (sampler, tok) = load_sampler(ctx, model_input, sampling, None)?;
 
     let mut exits = Vec::new();
     let mut golds = Vec::with_capacity(traces.len());
