@@ -249,9 +249,17 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     assert!(kept["metrics"]["engine_reload_s"].as_f64().unwrap() > 0.0, "{kept}");
     assert_eq!(kept["metrics"]["engine_url"], started["metrics"]["engine_url"], "the same engine");
     assert_eq!(started["metrics"]["engine_reload_s"].as_f64(), Some(0.0), "{started}");
-    // The kept engine ends with the run.
+    // The kept engine ends with the run, and so does its log (outside the stage's scratch dir).
     let first = started["inputs"]["policy"]["hash"].as_str().unwrap().to_string();
     assert!(processes_with(&format!("--model-name {first}")).is_empty(), "{:?}", processes_with(&first));
+    let port = kept["metrics"]["engine_url"].as_str().unwrap().trim_end_matches("/v1").rsplit(':').next().unwrap().to_string();
+    let logs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("rredcot-engine-") && n.ends_with(&format!("-{port}.log")))
+        .collect();
+    assert!(logs.is_empty(), "{logs:?}");
 
     // An engine that answers success to the load and keeps sampling from other weights (as vLLM
     // 0.32's CPU build does): the model core's prefill of its samples shows it, the stage fails

@@ -185,6 +185,9 @@ struct EngineServer {
     group: Option<Group>,
     command: String,
     log: PathBuf,
+    /// Whether the log is this server's own file, removed with it (a kept engine outlives the
+    /// stage's scratch directory, so it logs to the system's temporary directory).
+    own_log: bool,
 }
 
 impl EngineServer {
@@ -211,6 +214,9 @@ impl Drop for EngineServer {
         }
         // Kills whatever the engine forked that outlived it, and the guardian.
         self.group.take();
+        if self.own_log {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
@@ -316,7 +322,8 @@ impl HttpSampler {
             let port = free_port()?;
             vars.push(("port", port.to_string()));
             let command = render(&params.server_command, &vars);
-            let log = ctx.scratch.join("engine.log");
+            let own_log = params.reload != Reload::None;
+            let log = if own_log { std::env::temp_dir().join(format!("rredcot-engine-{}-{port}.log", std::process::id())) } else { ctx.scratch.join("engine.log") };
             std::fs::create_dir_all(&ctx.scratch).with_context(|| format!("creating {}", ctx.scratch.display()))?;
             let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
             let mut cmd = Command::new("sh");
@@ -326,7 +333,7 @@ impl HttpSampler {
             die_with_parent(&mut cmd);
             let child = cmd.spawn().with_context(|| format!("stage `{stage}`: starting the engine `{command}`"))?;
             tracing::info!("stage `{stage}`: started the engine `{command}` (log {})", log.display());
-            (format!("http://127.0.0.1:{port}/v1"), Some(EngineServer { child: Mutex::new(child), group: Some(group), command, log }))
+            (format!("http://127.0.0.1:{port}/v1"), Some(EngineServer { child: Mutex::new(child), group: Some(group), command, log, own_log }))
         };
         let base = if base.ends_with("/v1") { base } else { format!("{base}/v1") };
         let mut s = HttpSampler {
