@@ -792,8 +792,24 @@ mod tests {
         assert!(verify_response("(0, \\infty)", "The answer is $y > 0$.").correct);
         assert!(!verify_response("(-\\infty, 3)", "So it holds for x < 3").correct);
         assert!(verify_response("(-\\infty, 3)", "The answer: x < 3").correct);
-        // Not one unknown: `b^2+2b-15 <= 0` is b in [-5, 3], not (-inf, 0]; not read.
+        // A polynomial of degree 1 or 2 in one unknown is solved for it: `b^2+2b-15 <= 0` is b in
+        // [-5, 3], not (-inf, 0].
         assert!(!verify("b^2 +2b - 15 \\le 0", "(-\\infty, 0]"));
+        assert!(verify("b^2 +2b - 15 \\le 0", "[-5, 3]"));
+        assert!(!verify("b^2 +2b - 15 \\le 0", "(-5, 3)"));
+        assert!(verify("x^2 > 4", "(-\\infty, -2) \\cup (2, \\infty)"));
+        assert!(!verify("x^2 > 4", "(-2, 2)"));
+        assert!(verify("4 > x^2", "(-2, 2)"));
+        assert!(verify("-x^2 + 4 \\ge 0", "[-2, 2]"));
+        assert!(verify("x^2 - x - 1 \\le 0", "\\left[\\frac{1-\\sqrt5}{2}, \\frac{1+\\sqrt5}{2}\\right]"));
+        assert!(verify("(x-1)(x-4) < 0", "1 < x < 4"));
+        assert!(verify("3x + 2 > 2x + 5", "x > 3"));
+        assert!(verify("x < 3", "2x < 6"));
+        assert!(verify("\\frac{x}{2} \\geq \\frac{1}{3}", "[\\frac{2}{3}, \\infty)"));
+        assert!(verify("x^2 + 1 > 0", "(-\\infty, \\infty)"));
+        // Degree 3 and other functions are not solved (math-verify solves `x^3 < 8`).
+        assert!(!verify("x^3 < 8", "(-\\infty, 2)"));
+        assert!(parse_gold("\\sin x > 0").is_err());
     }
 
     #[test]

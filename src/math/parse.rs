@@ -1137,7 +1137,8 @@ fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseErro
             (true, Some(c), _, _) => (c, inf, *strict, true, *a),
             (_, _, Some(a), true) if *less => (a, inf, *strict, true, *c),
             (_, _, Some(a), true) => (-inf, a, true, *strict, *c),
-            _ => return Some(Err(err())),
+            // `b^2 + 2b - 15 \le 0`, `3x + 2 > 2x + 5`: polynomials of one unknown.
+            _ => return Some(polynomial_inequality(a, c, *less, *strict).ok_or_else(err)),
         },
         _ => return Some(Err(err())),
     };
@@ -1163,6 +1164,72 @@ fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseErro
         interval(-hi, -lo, hi_open, lo_open),
         interval(lo, hi, lo_open, hi_open),
     ])))
+}
+
+/// The set where `lhs < rhs` (`less`; else `lhs > rhs`; `strict` or with equality) holds, for
+/// sides whose difference is a polynomial of degree 1 or 2 in one unknown: `b^2 + 2b - 15 \le 0`
+/// is `[-5, 3]`, `x^2 > 4` is `(-\infty, -2) \cup (2, \infty)`. The coefficients come from values
+/// at three points, checked at two more (anything else, `\sin x > 0` or `x^3 < 1`, is `None`).
+/// Roots that are fractions of denominator up to 100 are exact.
+fn polynomial_inequality(lhs: &str, rhs: &str, less: bool, strict: bool) -> Option<Answer> {
+    let mut vars = variables(lhs);
+    vars.extend(variables(rhs).into_iter().filter(|v| !vars.contains(v)).collect::<Vec<_>>());
+    let [v] = vars.as_slice() else { return None };
+    let side = |t: &str, env: &Env| match parse_with(t, Some(env)) {
+        Ok(Answer::Number(n)) => Some(n.resolved().approx),
+        _ => None,
+    };
+    let f = |x: f64| -> Option<f64> {
+        let env: Env = [(v.clone(), x)].into_iter().collect();
+        Some(side(lhs, &env)? - side(rhs, &env)?).filter(|y| y.is_finite())
+    };
+    let (f0, f1, fm1) = (f(0.0)?, f(1.0)?, f(-1.0)?);
+    let (a, b, c) = ((f1 + fm1) / 2.0 - f0, (f1 - fm1) / 2.0, f0);
+    let fits = |x: f64| f(x).is_some_and(|y| (y - (a * x * x + b * x + c)).abs() <= 1e-9 * (1.0 + y.abs()));
+    if !fits(2.0) || !fits(-3.5) {
+        return None;
+    }
+    let exact = |r: f64| -> Num {
+        (1..=100i128)
+            .find_map(|d| {
+                let n = (r * d as f64).round();
+                ((r * d as f64 - n).abs() < 1e-9 * d as f64).then(|| Rational::new(n as i128, d)).flatten()
+            })
+            .map_or(Num::approx(r), |q| Num::rational(q, if q.is_integer() { Kind::Integer } else { Kind::Fraction }))
+    };
+    let inf = f64::INFINITY;
+    let span = |lo: f64, hi: f64, lo_open: bool, hi_open: bool| Answer::Interval {
+        lo: if lo.is_infinite() { Num::approx(lo) } else { exact(lo) },
+        hi: if hi.is_infinite() { Num::approx(hi) } else { exact(hi) },
+        left_open: lo_open || lo.is_infinite(),
+        right_open: hi_open || hi.is_infinite(),
+    };
+    let tiny = 1e-12 * (1.0 + b.abs() + c.abs());
+    if a.abs() <= tiny {
+        // b v + c < 0 (or > 0): one ray; no unknown left (b = 0) is no inequality in it.
+        if b.abs() <= tiny {
+            return None;
+        }
+        let r = -c / b;
+        return Some(if less == (b > 0.0) { span(-inf, r, true, strict) } else { span(r, inf, strict, true) });
+    }
+    // Where a v^2 + b v + c is negative (below = true) or positive, between or outside its roots.
+    let below = less == (a > 0.0);
+    let d = b * b - 4.0 * a * c;
+    if d < -tiny {
+        // Never zero: the sign of a everywhere.
+        return if below { None } else { Some(span(-inf, inf, true, true)) };
+    }
+    let (r1, r2) = {
+        let q = d.max(0.0).sqrt();
+        let (x, y) = ((-b - q) / (2.0 * a), (-b + q) / (2.0 * a));
+        (x.min(y), x.max(y))
+    };
+    Some(if below {
+        span(r1, r2, strict, strict)
+    } else {
+        Answer::Set(vec![span(-inf, r1, true, strict), span(r2, inf, strict, true)])
+    })
 }
 
 /// Whether `normalized` is an inequality (a top-level `<`, `>`, `\le`, `\ge`; see
