@@ -5,7 +5,8 @@
 # in one run, through the same engine command both ways. Per stage: wall time, the engine's
 # start or checkpoint load, and the largest gap between the engine's logprobs and the model
 # core's prefill of the same tokens under that stage's checkpoint (an engine still sampling an
-# older checkpoint, or reusing KV blocks computed under it, shows here). Writes the
+# older checkpoint, or reusing KV blocks computed under it, shows here); and the built-in rollout
+# of the same rows, for the ratios to it. Writes the
 # `reload_<ENGINE>` key (`reload_<ENGINE>_untied` with UNTIED=1) of bench/results/engines.json.
 #
 # ENGINE=serve (default): `rredcot serve`, reload = "sglang" (its POST /update_weights_from_disk).
@@ -69,15 +70,18 @@ PYEOF
   fi
   CKPTS+=("$dir")
 done
-chain() { # $1: reload
+chain() { # $1: reload, or "builtin" for the model core (no engine)
   cat "$TMP/policies.toml"
   for i in 1 2 3; do
-    printf '[[stage]]\nname = "r%s"\nuses = "rollout"\n%s, entropies = "prefill", backend = "http", server_command = "%s", concurrency = 64, timeout_s = 600.0, reload = "%s" }\n' \
-      "$i" "$(echo "$ROLL" | sed "s|policy = \"sft.model\"|policy = \"file:${CKPTS[$((i - 1))]}\"|")" "$CMD" "$1"
+    backend=", entropies = \"prefill\", backend = \"http\", server_command = \"$CMD\", concurrency = 64, timeout_s = 600.0, reload = \"$1\""
+    [ "$1" = builtin ] && backend=""
+    printf '[[stage]]\nname = "r%s"\nuses = "rollout"\n%s%s }\n' "$i" "$(echo "$ROLL" | sed "s|policy = \"sft.model\"|policy = \"file:${CKPTS[$((i - 1))]}\"|")" "$backend"
   done
 }
+chain builtin > "$TMP/builtin.toml"
 chain none > "$TMP/fresh.toml"
 chain "$RELOAD" > "$TMP/kept.toml"
+"$BIN" --store "$STORE" pipeline run "$TMP/builtin.toml" --jobs 1 --json --force r1 --force r2 --force r3 > "$TMP/builtin.json"
 # One stage at a time: one warm process runs the chain, and keeps the engine in the kept way.
 "$BIN" --store "$STORE" pipeline run "$TMP/fresh.toml" --jobs 1 --json --force r1 --force r2 --force r3 > "$TMP/fresh.json"
 "$BIN" --store "$STORE" pipeline run "$TMP/kept.toml" --jobs 1 --json --force r1 --force r2 --force r3 > "$TMP/kept.json" 2> "$TMP/kept.err" || true
@@ -85,11 +89,11 @@ KEPT_ERROR=$(grep -o "stage \`r[0-9]\`: the engine kept.*" "$TMP/kept.err" | hea
 LEFT=$(ps -eo args= | grep -E -- "--(model-name|served-model-name) |^VLLM::" | grep -cv grep || true)
 
 export LEFT KEPT_ERROR
-$PY - "$TMP/fresh.json" "$TMP/kept.json" "$STORE" bench/results/engines.json "$PROFILE" "$ENGINE" "$RELOAD" "${UNTIED:-0}" <<'PYEOF'
+$PY - "$TMP/fresh.json" "$TMP/kept.json" "$STORE" bench/results/engines.json "$PROFILE" "$ENGINE" "$RELOAD" "${UNTIED:-0}" "$TMP/builtin.json" <<'PYEOF'
 import json, os, sys
 sys.path.insert(0, "bench")
 import machine
-fresh, kept, store, out_path, profile, engine, reload, untied = sys.argv[1:]
+fresh, kept, store, out_path, profile, engine, reload, untied, builtin = sys.argv[1:]
 def stages(summary):
     s = json.load(open(summary))
     out = {}
@@ -99,11 +103,14 @@ def stages(summary):
             continue
         r = json.load(open(path))
         m = r["metrics"]
+        if "engine_startup_s" not in m:  # the built-in rollout
+            out[st] = {"wall_s": r["wall_s"], "tokens": r["counters"]["tokens_generated"]}
+            continue
         out[st] = {"wall_s": r["wall_s"], "engine_startup_s": m["engine_startup_s"], "engine_reused": m["engine_reused"],
                    "engine_reload_s": m["engine_reload_s"], "logprob_gap_max_vs_prefill": m["engine_logprob_gap_max"],
                    "tokens": r["counters"]["tokens_generated"], "rollouts_hash": r["outputs"]["rollouts"]["hash"]}
     return out
-f, k = stages(fresh), stages(kept)
+f, k, b = stages(fresh), stages(kept), stages(builtin)
 total = lambda x: sum(v["wall_s"] for v in x.values())
 key = f"reload_{engine}" + ("_untied" if untied == "1" else "")
 out = json.load(open(out_path)) if os.path.exists(out_path) else {}
@@ -112,14 +119,16 @@ out[key] = {
     "command": f"ENGINE={engine} UNTIED={untied} PROFILE={profile} bash bench/engine_reload.sh",
     "profile": profile,
     **machine.facts(),
-    "fresh_per_stage": f, "kept": k,
+    "fresh_per_stage": f, "kept": k, "builtin": b,
     "kept_error": os.environ["KEPT_ERROR"] or None,
     "fresh_total_s": total(f),
+    "builtin_total_s": total(b),
+    "fresh_over_builtin": total(f) / total(b),
     "logprob_gap_max_vs_prefill_fresh": max(v["logprob_gap_max_vs_prefill"] for v in f.values()),
     "engine_processes_after_the_runs": int(os.environ["LEFT"]),
 }
 if len(k) == 3:
-    out[key].update({"kept_total_s": total(k), "fresh_over_kept": total(f) / total(k),
+    out[key].update({"kept_total_s": total(k), "fresh_over_kept": total(f) / total(k), "kept_over_builtin": total(k) / total(b),
                      "logprob_gap_max_vs_prefill_kept": max(v["logprob_gap_max_vs_prefill"] for v in k.values())})
 json.dump(out, open(out_path, "w"), indent=2)
 print(json.dumps(out[key], indent=2))
