@@ -111,25 +111,15 @@ impl HttpParams {
     }
 }
 
-/// An engine kept by this process after its stage ([`HttpParams::reload`]).
-struct Parked {
-    key: String,
-    server: EngineServer,
-    base: String,
-    model: String,
-    engine: String,
-    engine_version: String,
-    /// The hash of the checkpoint it holds.
-    policy_hash: String,
-}
+/// The sampler whose engine this process kept after its stage ([`HttpParams::reload`]).
+static PARKED: Mutex<Option<HttpSampler>> = Mutex::new(None);
 
-static PARKED: Mutex<Option<Parked>> = Mutex::new(None);
-
-/// The kept engine, when it was started as `key` and still runs; any other kept engine is
-/// stopped.
-fn take_parked(key: &str) -> Option<Parked> {
+/// The kept sampler, when its engine was started as `params` would start it and still runs; any
+/// other kept engine is stopped.
+fn take_parked(params: &HttpParams) -> Option<HttpSampler> {
     let parked = PARKED.lock().ok()?.take()?;
-    (parked.key == key && parked.server.exited().is_none()).then_some(parked)
+    let alive = parked.server.as_ref().is_some_and(|e| e.exited().is_none());
+    (alive && parked.params.engine_key() == params.engine_key()).then_some(parked)
 }
 
 /// Stops the engine this process kept, if any (at the end of a warm stage process; the engine's
@@ -276,8 +266,7 @@ pub struct HttpSampler {
     /// took (0 when it held this checkpoint already).
     pub reused: bool,
     pub reload_s: f64,
-    /// [`HttpParams::engine_key`] and the policy's hash, for keeping the engine.
-    key: String,
+    /// The hash of the checkpoint the engine holds.
     policy_hash: String,
     pub requests: AtomicI64,
     pub retried: AtomicI64,
@@ -307,10 +296,9 @@ impl HttpSampler {
                 &hash[..12.min(hash.len())]
             );
         }
-        let key = params.engine_key();
         if params.reload != Reload::None && !params.server_command.trim().is_empty() {
-            if let Some(parked) = take_parked(&key) {
-                return HttpSampler::reuse(stage, parked, agent, params, &path, hash, opened);
+            if let Some(parked) = take_parked(&params) {
+                return parked.reuse(stage, agent, params, &path, hash, opened);
             }
         }
         let (base, server) = if params.server_command.trim().is_empty() {
@@ -348,7 +336,6 @@ impl HttpSampler {
             startup_s: 0.0,
             reused: false,
             reload_s: 0.0,
-            key,
             policy_hash: hash.clone(),
             requests: AtomicI64::new(0),
             retried: AtomicI64::new(0),
@@ -381,35 +368,26 @@ impl HttpSampler {
         Ok(s)
     }
 
-    /// A kept engine ([`Parked`]), loaded with the checkpoint at `path` unless it holds it.
-    fn reuse(stage: String, parked: Parked, agent: ureq::Agent, params: HttpParams, path: &Path, hash: String, opened: Instant) -> Result<HttpSampler> {
-        let held = parked.policy_hash.clone();
-        let mut s = HttpSampler {
-            stage,
-            base: parked.base,
-            model: parked.model,
-            agent,
-            engine: parked.engine,
-            engine_version: parked.engine_version,
-            server: Some(parked.server),
-            startup_s: 0.0,
-            reused: true,
-            reload_s: 0.0,
-            key: parked.key,
-            policy_hash: hash,
-            requests: AtomicI64::new(0),
-            retried: AtomicI64::new(0),
-            params,
-        };
-        s.wait_ready()?;
-        if held != s.policy_hash {
+    /// This kept sampler for another stage, its engine loaded with the checkpoint at `path`
+    /// unless it holds it already.
+    fn reuse(mut self, stage: String, agent: ureq::Agent, params: HttpParams, path: &Path, hash: String, opened: Instant) -> Result<HttpSampler> {
+        self.stage = stage;
+        self.agent = agent;
+        self.params = params;
+        self.reused = true;
+        self.reload_s = 0.0;
+        self.requests = AtomicI64::new(0);
+        self.retried = AtomicI64::new(0);
+        self.wait_ready()?;
+        if self.policy_hash != hash {
             let t0 = Instant::now();
-            s.load_checkpoint(path)?;
-            s.reload_s = t0.elapsed().as_secs_f64();
+            self.load_checkpoint(path)?;
+            self.reload_s = t0.elapsed().as_secs_f64();
+            self.policy_hash = hash;
         }
-        s.startup_s = opened.elapsed().as_secs_f64();
-        tracing::info!("stage `{}`: reusing the engine at {} ({:.2} s to load the checkpoint)", s.stage, s.base, s.reload_s);
-        Ok(s)
+        self.startup_s = opened.elapsed().as_secs_f64();
+        tracing::info!("stage `{}`: reusing the engine at {} ({:.2} s to load the checkpoint)", self.stage, self.base, self.reload_s);
+        Ok(self)
     }
 
     /// Loads the checkpoint at `path` into the running engine ([`Reload`]); an engine that says
@@ -601,27 +579,14 @@ impl HttpSampler {
     /// Stops the engine (when the stage started it; with `reload`, keeps it for the next stage)
     /// and checks it was still alive: an engine that died during the run is an error even when
     /// every reply had arrived.
-    pub fn stop(mut self) -> Result<()> {
-        if let Some(server) = self.server.take() {
-            if let Some(why) = server.exited() {
-                bail!("stage `{}`: {why}", self.stage);
-            }
-            if self.params.reload != Reload::None {
-                let parked = Parked {
-                    key: std::mem::take(&mut self.key),
-                    server,
-                    base: self.base.clone(),
-                    model: self.model.clone(),
-                    engine: self.engine.clone(),
-                    engine_version: self.engine_version.clone(),
-                    policy_hash: self.policy_hash.clone(),
-                };
-                // Replaces (stops) any engine kept before.
-                let old = PARKED.lock().map_err(|_| anyhow!("the kept engine's lock"))?.replace(parked);
-                drop(old);
-                return Ok(());
-            }
-            drop(server);
+    pub fn stop(self) -> Result<()> {
+        if let Some(why) = self.server.as_ref().and_then(EngineServer::exited) {
+            bail!("stage `{}`: {why}", self.stage);
+        }
+        if self.server.is_some() && self.params.reload != Reload::None {
+            // Replaces (and so stops) any engine kept before.
+            let old = PARKED.lock().map_err(|_| anyhow!("the kept engine's lock"))?.replace(self);
+            drop(old);
         }
         Ok(())
     }
