@@ -38,20 +38,8 @@ pub fn last_boxed(text: &str) -> Option<&str> {
     if !rest.starts_with('{') {
         return if rest.is_empty() { None } else { Some(rest) };
     }
-    let mut depth = 0usize;
-    for (i, c) in text[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(text[open + 1..open + i].trim());
-                }
-            }
-            _ => {}
-        }
-    }
-    Some(text[open + 1..].trim())
+    let close = super::normalize::closing_brace(text[open..].char_indices()).map_or(text.len(), |i| open + i);
+    Some(text[open + 1..close].trim())
 }
 
 /// The answer of the last `\boxed{}`/`\fbox{}` and of the boxes just before it that belong to
@@ -138,20 +126,7 @@ fn boxed_walk(text: &str, all: bool) -> Option<(String, usize, usize)> {
             }
             break;
         }
-        let mut depth = 0usize;
-        let close = text[open..max_pos].char_indices().find_map(|(i, c)| {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        return Some(open + i);
-                    }
-                }
-                _ => {}
-            }
-            None
-        });
+        let close = super::normalize::closing_brace(text[open..max_pos].char_indices()).map(|i| open + i);
         let Some(close) = close else {
             if parts.is_empty() {
                 parts.push(text[open + 1..].trim());

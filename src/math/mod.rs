@@ -111,14 +111,11 @@ fn read_as_written(norm: &str) -> Option<Read> {
     }
 }
 
-/// An answer in words (`\text{even}`, `\text{Monday}`, `odd`, `\text{June 20}`) or a clock time
-/// (`\text{4:30 p.m.}`): at most three words, each of two letters or more and no function name,
-/// or a whole number after a word (a number before one is a count of something, `5 people`).
-/// math-verify compares such answers as strings.
+/// An answer in words (`\text{even}`, `\text{Monday}`, `odd`, `\text{June 20}`): at most three
+/// words, each of two letters or more and no function name, or a whole number after a word (a
+/// number before one is a count of something, `5 people`). math-verify compares such answers as
+/// strings. (A clock time is [`clock_answer`]'s.)
 fn word_answer(text: &str) -> Option<Read> {
-    if let Some(time) = clock_answer(text) {
-        return Some(time);
-    }
     let norm = normalize::normalize(text);
     let words: Vec<&str> = norm.split_whitespace().collect();
     let is_word = |w: &str| {
@@ -181,12 +178,7 @@ fn same(gold: &Read, pred: &Read) -> bool {
     if let (Some(g), Some(p)) = (&gold.value, &pred.value) {
         return answers_match(g, p);
     }
-    let mut vars = parse::variables(&gold.norm);
-    for v in parse::variables(&pred.norm) {
-        if !vars.contains(&v) {
-            vars.push(v);
-        }
-    }
+    let vars = parse::variables_of(&[&gold.norm, &pred.norm]);
     let mut defined = 0;
     for k in 0..SAMPLES * SAMPLE_RANGES.len() {
         let env = sample_env(&vars, k);
@@ -240,7 +232,7 @@ fn read_candidate(c: &extract::Candidate) -> Option<Read> {
     }
     c.text
         .contains("\\text")
-        .then(|| word_answer(&c.text))
+        .then(|| clock_answer(&c.text).or_else(|| word_answer(&c.text)))
         .flatten()
         .or_else(|| read(&normalize::normalize(&c.text)))
 }

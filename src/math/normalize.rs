@@ -224,6 +224,25 @@ fn replace_words(s: &str, words: &[&str], with: &str) -> String {
     out
 }
 
+/// Where the `}` is that closes the `{` `chars` starts with, as `chars` numbers it (a byte offset
+/// from `str::char_indices`, a position from `enumerate`); `None` when it is never closed.
+pub(crate) fn closing_brace(chars: impl IntoIterator<Item = (usize, char)>) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in chars {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Drop a trailing `\text{...}` (a unit, `\text{ cm}`), optionally followed by `^2`, unless that
 /// would leave nothing.
 fn strip_trailing_text(s: &str) -> String {

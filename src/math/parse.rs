@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use super::normalize::closing_brace;
 use super::number::{Kind, Num, Rational};
 use thiserror::Error;
 
@@ -235,15 +236,7 @@ fn subscript(chars: &[char], i: &mut usize) -> Option<String> {
     }
     let (body, end) = match chars.get(*i + 1)? {
         '{' => {
-            let mut depth = 0;
-            let close = (*i + 1..chars.len()).find(|&j| {
-                match chars[j] {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-                depth == 0
-            })?;
+            let close = *i + 1 + closing_brace(chars[*i + 1..].iter().copied().enumerate())?;
             (chars[*i + 2..close].iter().collect::<String>(), close + 1)
         }
         c if c.is_ascii_alphanumeric() => (c.to_string(), *i + 2),
@@ -740,17 +733,22 @@ fn bracket(open: char, close: char, mut items: Vec<Answer>) -> Node {
         if open != close || ordered {
             // `(a, b)` is an open interval only when a < b; `[a, b]` likewise a closed one.
             if ordered || open != '(' || close != ')' {
-                // An infinite end is always open (sympy: `[-oo, 1]` is `(-oo, 1]`).
-                return Node::Group(Answer::Interval {
-                    lo: *lo,
-                    hi: *hi,
-                    left_open: open == '(' || lo.approx.is_infinite(),
-                    right_open: close == ')' || hi.approx.is_infinite(),
-                });
+                return Node::Group(interval(*lo, *hi, open == '(', close == ')'));
             }
         }
     }
     Node::Group(Answer::Tuple(items))
+}
+
+/// The interval from `lo` to `hi`; an infinite end is always open (sympy: `[-oo, 1]` is
+/// `(-oo, 1]`).
+fn interval(lo: Num, hi: Num, lo_open: bool, hi_open: bool) -> Answer {
+    Answer::Interval {
+        left_open: lo_open || lo.approx.is_infinite(),
+        right_open: hi_open || hi.approx.is_infinite(),
+        lo,
+        hi,
+    }
 }
 
 /// Whole-string thousands-separated number such as `1,234,567.5`.
@@ -801,19 +799,7 @@ pub fn letter_products(normalized: &str) -> Option<String> {
     let mut i = 0;
     // Copies b[i..] through the `}` that closes the `{` at b[i] (or to the end).
     let through_group = |i: usize, out: &mut Vec<u8>| -> usize {
-        let mut depth = 0;
-        let mut j = i;
-        while j < b.len() {
-            match b[j] {
-                b'{' => depth += 1,
-                b'}' => depth -= 1,
-                _ => {}
-            }
-            j += 1;
-            if depth == 0 {
-                break;
-            }
-        }
+        let j = closing_brace(normalized[i..].char_indices()).map_or(b.len(), |k| i + k + 1);
         out.extend_from_slice(&b[i..j]);
         j
     };
@@ -891,8 +877,13 @@ pub fn parse_answer_in(normalized: &str, env: &Env) -> Result<Answer, ParseError
 /// The variables of a normalized answer (single letters and Greek-letter commands, `e` aside),
 /// in the right-hand sides that [`parse_answer`] reads.
 pub fn variables(normalized: &str) -> Vec<String> {
+    variables_of(&[normalized])
+}
+
+/// The variables of several normalized answers together, each once, in order of appearance.
+pub fn variables_of(answers: &[&str]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for part in equation_rhs_parts(normalized.trim()) {
+    for part in answers.iter().flat_map(|a| equation_rhs_parts(a.trim())) {
         for t in tokenize(&part) {
             let name = match t {
                 Tok::Letter(c) if c != 'e' => c.to_string(),
@@ -1142,12 +1133,6 @@ fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseErro
         },
         _ => return Some(Err(err())),
     };
-    let interval = |lo: Num, hi: Num, lo_open: bool, hi_open: bool| Answer::Interval {
-        left_open: lo_open || lo.approx.is_infinite(),
-        right_open: hi_open || hi.approx.is_infinite(),
-        lo,
-        hi,
-    };
     let u = unknown.trim();
     let abs =
         u.len() > 2 && u.starts_with('|') && u.ends_with('|') && !u[1..u.len() - 1].contains('|');
@@ -1172,8 +1157,7 @@ fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseErro
 /// at three points, checked at two more (anything else, `\sin x > 0` or `x^3 < 1`, is `None`).
 /// Roots that are fractions of denominator up to 100 are exact.
 fn polynomial_inequality(lhs: &str, rhs: &str, less: bool, strict: bool) -> Option<Answer> {
-    let mut vars = variables(lhs);
-    vars.extend(variables(rhs).into_iter().filter(|v| !vars.contains(v)).collect::<Vec<_>>());
+    let vars = variables_of(&[lhs, rhs]);
     let [v] = vars.as_slice() else { return None };
     let side = |t: &str, env: &Env| match parse_with(t, Some(env)) {
         Ok(Answer::Number(n)) => Some(n.resolved().approx),
@@ -1198,12 +1182,8 @@ fn polynomial_inequality(lhs: &str, rhs: &str, less: bool, strict: bool) -> Opti
             .map_or(Num::approx(r), |q| Num::rational(q, if q.is_integer() { Kind::Integer } else { Kind::Fraction }))
     };
     let inf = f64::INFINITY;
-    let span = |lo: f64, hi: f64, lo_open: bool, hi_open: bool| Answer::Interval {
-        lo: if lo.is_infinite() { Num::approx(lo) } else { exact(lo) },
-        hi: if hi.is_infinite() { Num::approx(hi) } else { exact(hi) },
-        left_open: lo_open || lo.is_infinite(),
-        right_open: hi_open || hi.is_infinite(),
-    };
+    let end = |x: f64| if x.is_infinite() { Num::approx(x) } else { exact(x) };
+    let span = |lo: f64, hi: f64, lo_open: bool, hi_open: bool| interval(end(lo), end(hi), lo_open, hi_open);
     let tiny = 1e-12 * (1.0 + b.abs() + c.abs());
     if a.abs() <= tiny {
         // b v + c < 0 (or > 0): one ray; no unknown left (b = 0) is no inequality in it.
