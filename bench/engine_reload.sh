@@ -48,8 +48,8 @@ for i in 2 3; do
 done >> "$TMP/policies.toml"
 "$BIN" --store "$STORE" pipeline run "$TMP/policies.toml" --json > "$TMP/policies.json"
 # The checkpoints as files. UNTIED=1: each with its own lm_head.weight (a copy of the embedding)
-# and tie_word_embeddings = false (vLLM 0.32's in-place reload loads tied models wrong: the
-# kept way then fails its second stage, which is what the default measures).
+# and tie_word_embeddings = false. Without it they are tied, as bootstrap_sft writes them, and
+# reload = "vllm" gives vLLM untied views of them (its in-place reload loads tied models wrong).
 CKPTS=()
 for st in sft sft2 sft3; do
   dir=$STORE/instances/$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["keys"][sys.argv[2]])' "$TMP/policies.json" "$st")/outputs/model

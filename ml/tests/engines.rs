@@ -281,6 +281,58 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     let pid = std::fs::read_to_string(&pidfile).unwrap();
     assert!(!Path::new(&format!("/proc/{pid}")).exists() || is_zombie(&pid), "engine {pid} outlived the failed stage");
 
+    // A load that did not take between two close checkpoints, as consecutive training steps are:
+    // `rredcot serve` behind a proxy that answers success to the load without passing it on, so
+    // the kept engine samples the first checkpoint exactly, and the second is the first with its
+    // logits scaled by 1.03. Far below a wrong load's 0.54 nats (a fixed limit of 0.25 let it
+    // pass), far above what the engine showed when it started: the stage fails.
+    let near = dir.path().join("near");
+    std::fs::create_dir(&near).unwrap();
+    let sft = output(&store, &s, "sft", "model");
+    for e in std::fs::read_dir(&sft).unwrap().flatten() {
+        std::fs::copy(e.path(), near.join(e.file_name())).unwrap();
+    }
+    scale_final_norm(&near.join("model.safetensors"), 1.03);
+    let proxy = dir.path().join("proxy.py");
+    std::fs::write(&proxy, PROXY).unwrap();
+    let proxied = |mode: &str, reload: &str| {
+        format!(", backend = \"http\", server_command = \"python3 {} {{port}} {mode} {}\", concurrency = 4, timeout_s = 120.0, reload = \"{reload}\"", proxy.display(), SERVE.replace("{port}", "INNER"))
+    };
+    let stale_http = proxied("stale", "sglang");
+    let near_roll = roll("stale_b", "sft", &stale_http).replace("policy = \"sft.model\"", &format!("policy = \"file:{}\"", near.display()));
+    let p = pipeline(dir.path(), &format!("{stages}{}{near_roll}", roll("stale_a", "sft", &stale_http)));
+    let out = run(&store, &p, &["--jobs", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (failed, started) = if err.contains("stage `stale_a`: the engine kept") { ("stale_a", "stale_b") } else { ("stale_b", "stale_a") };
+    assert!(err.contains(&format!("stage `{failed}`: the engine kept")) && err.contains("did not take"), "{err}");
+    let gap: f64 = err.split("samples with logprobs ").nth(1).and_then(|t| t.split(' ').next()).and_then(|g| g.parse().ok()).expect(&err);
+    eprintln!("a stale load between checkpoints whose logits differ by 3%: mean logprob gap {gap:.2e}");
+    assert!(gap > 1e-3 && gap < 0.25, "the stale load's gap {gap} is meant to lie between the floor and a wrong load's: {err}");
+    let rec = record(&store, &summary, started);
+    assert!(rec["metrics"]["engine_logprob_gap_mean"].as_f64().unwrap() < 1e-5, "{rec}");
+
+    // reload = "vllm": the engine is started over an untied view of the (tied) checkpoint and loads
+    // the next one's view; each rollout equals the built-in one over its own checkpoint, and no
+    // view is left after the run.
+    let vllm_http = proxied("vllm", "vllm");
+    let p = pipeline(dir.path(), &format!("{stages}{}{}", roll("vllm_a", "sft", &vllm_http), roll("vllm_b", "sft2", &vllm_http)));
+    let s = run_ok(&store, &p, &["--jobs", "1"]);
+    assert_same_rollouts(&a, &rollouts(&store, &s, "vllm_a"), "first checkpoint through views");
+    assert_same_rollouts(&b, &rollouts(&store, &s, "vllm_b"), "second checkpoint through views");
+    let recs = [record(&store, &s, "vllm_a"), record(&store, &s, "vllm_b")];
+    assert_eq!(recs.iter().filter(|r| r["metrics"]["engine_reused"] == Value::Bool(true)).count(), 1);
+    assert!(recs.iter().all(|r| r["metrics"]["engine_untied_view"] == Value::Bool(true)), "{:?}", recs.iter().map(|r| &r["metrics"]).collect::<Vec<_>>());
+    let port = recs[0]["metrics"]["engine_url"].as_str().unwrap().trim_end_matches("/v1").rsplit(':').next().unwrap().to_string();
+    let left: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("rredcot-engine-") && n.ends_with(&format!("-{port}.views")))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
     // A stage that does not prefill the engine's samples cannot check a kept engine: refused.
     let p = pipeline(dir.path(), &format!("{stages}{}", roll("topk", "sft", &format!("{http}, entropies = \"topk\", top_logprobs = 2"))));
     let out = run(&store, &p, &["--until", "topk"]);
@@ -295,6 +347,81 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("unknown param for stage kind `eval`") && err.contains("reload"), "{err}");
 }
+
+/// Multiplies the final norm's weight of a checkpoint file by `factor` (so its logits), in place.
+fn scale_final_norm(file: &Path, factor: f32) {
+    let bytes = std::fs::read(file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let mut data = view.data().to_vec();
+        if name == "model.norm.weight" {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32);
+            for c in data.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes(c.try_into().unwrap()) * factor;
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        tensors.push((name, view.dtype(), view.shape().to_vec(), data));
+    }
+    assert!(tensors.iter().any(|t| t.0 == "model.norm.weight"));
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        tensors.iter().map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    safetensors::serialize_to_file(views, None, file).unwrap();
+}
+
+/// A proxy in front of an engine: `python3 proxy.py PORT MODE COMMAND…` starts COMMAND (`rredcot
+/// serve`) with `INNER` replaced by a free port and passes every request on to it, except loads.
+/// MODE `stale`: `POST /update_weights_from_disk` is answered with success and not passed on (a
+/// load that does not take). MODE `vllm`: the engine speaks vLLM's reload protocol and insists on
+/// untied views (`--model` and each `weights_path` must be one: `tie_word_embeddings` false,
+/// `lm_head.safetensors`, linked weights), and is given the checkpoint each view links to.
+const PROXY: &str = r#"
+import json, os, socket, subprocess, sys, time, urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, mode = int(sys.argv[1]), sys.argv[2]
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); inner = s.getsockname()[1]
+def checkpoint_of(view):
+    assert json.load(open(os.path.join(view, "config.json")))["tie_word_embeddings"] is False, view
+    assert os.path.exists(os.path.join(view, "lm_head.safetensors")), view
+    assert os.path.islink(os.path.join(view, "model.safetensors")), view
+    return os.path.dirname(os.path.realpath(os.path.join(view, "model.safetensors")))
+argv = [a.replace("INNER", str(inner)) for a in sys.argv[3:]]
+if mode == "vllm":
+    i = argv.index("--model") + 1
+    argv[i] = checkpoint_of(argv[i])
+engine = subprocess.Popen(argv)
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def reply(self, status, body):
+        self.send_response(status); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def forward(self, data):
+        req = urllib.request.Request(f"http://127.0.0.1:{inner}{self.path}", data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=600) as r:
+                self.reply(r.status, r.read())
+        except urllib.error.HTTPError as e:
+            self.reply(e.code, e.read())
+        except OSError:
+            self.reply(503, b'{"error": "not up"}')
+    def do_GET(self):
+        self.forward(None)
+    def do_POST(self):
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        if mode == "stale" and self.path == "/update_weights_from_disk":
+            return self.reply(200, json.dumps({"success": True}).encode())
+        if mode == "vllm" and self.path == "/reset_prefix_cache":
+            return self.reply(200, b"{}")
+        if mode == "vllm" and self.path == "/collective_rpc":
+            kwargs = json.loads(data)["kwargs"]
+            assert kwargs["is_checkpoint_format"] is True
+            self.path = "/update_weights_from_disk"
+            data = json.dumps({"model_path": checkpoint_of(kwargs["weights_path"])}).encode()
+        self.forward(data)
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
 
 /// A fake engine: `python3 fake.py PORT MODE MODEL PIDFILE`. MODE: ok, text (no token ids), fewer
 /// (one choice short), hang (completions never answer), die (exits on the second completion

@@ -25,7 +25,8 @@
 //! would start the same `server_command` loads its checkpoint into the running engine instead
 //! (SGLang's and `rredcot serve`'s `POST /update_weights_from_disk`; vLLM's `POST /collective_rpc`
 //! `reload_weights`, then `POST /reset_prefix_cache`, so no KV block computed under the old
-//! weights is reused), and a training chain starts its engine once, not once per step.
+//! weights is reused), and a training chain starts its engine once, not once per step. With
+//! `"vllm"` the engine is given untied views of tied checkpoints ([`super::untied`]).
 //!
 //! This module knows OpenAI's wire format and processes; nothing of stages' outputs.
 
@@ -122,6 +123,14 @@ fn take_parked(params: &HttpParams) -> Option<HttpSampler> {
     (alive && parked.params.engine_key() == params.engine_key()).then_some(parked)
 }
 
+/// Records `gap` as the fresh gap ([`HttpSampler::fresh_gap`]) of the engine at `url` if this
+/// process kept it and it has none: called by the stage that started it, once it was kept.
+pub fn note_fresh_gap(url: &str, gap: f64) {
+    if let Some(parked) = PARKED.lock().ok().as_mut().and_then(|p| p.as_mut()).filter(|p| p.base == url) {
+        parked.fresh_gap.get_or_insert(gap);
+    }
+}
+
 /// Stops the engine this process kept, if any (at the end of a warm stage process; the engine's
 /// guardian kills it anyway when the process dies).
 pub fn release_parked() {
@@ -178,6 +187,18 @@ struct EngineServer {
     /// Whether the log is this server's own file, removed with it (a kept engine outlives the
     /// stage's scratch directory, so it logs to the system's temporary directory).
     own_log: bool,
+    /// Where the untied views of its checkpoints are written (`reload = "vllm"`; see
+    /// [`super::untied`]), removed with it.
+    views: Option<PathBuf>,
+}
+
+/// The checkpoint directory to give an engine whose views live in `views` (`reload = "vllm"`) for
+/// `checkpoint` (hash `hash`): its untied view ([`super::untied`]), or itself when untied. Any
+/// earlier view is removed first: the engine has read it already.
+fn engine_view(stage: &str, views: &Path, checkpoint: &Path, hash: &str) -> Result<PathBuf> {
+    let _ = std::fs::remove_dir_all(views);
+    super::untied::engine_checkpoint(checkpoint, &views.join(&hash[..16.min(hash.len())]))
+        .with_context(|| format!("stage `{stage}`: giving the engine an untied view of {} (reload = \"vllm\")", checkpoint.display()))
 }
 
 impl EngineServer {
@@ -206,6 +227,9 @@ impl Drop for EngineServer {
         self.group.take();
         if self.own_log {
             let _ = std::fs::remove_file(&self.log);
+        }
+        if let Some(views) = &self.views {
+            let _ = std::fs::remove_dir_all(views);
         }
     }
 }
@@ -266,6 +290,12 @@ pub struct HttpSampler {
     /// took (0 when it held this checkpoint already).
     pub reused: bool,
     pub reload_s: f64,
+    /// Whether the engine was given an untied view of the checkpoint ([`super::untied`]).
+    pub untied_view: bool,
+    /// The mean gap (nats per token) between the engine's logprobs and the model core's in the
+    /// stage that started it, once measured: what this engine shows when it surely holds the
+    /// checkpoint, against which a kept engine's loads are checked.
+    pub fresh_gap: Option<f64>,
     /// The hash of the checkpoint the engine holds.
     policy_hash: String,
     pub requests: AtomicI64,
@@ -301,6 +331,7 @@ impl HttpSampler {
                 return parked.reuse(stage, agent, params, &path, hash, opened);
             }
         }
+        let mut untied_view = false;
         let (base, server) = if params.server_command.trim().is_empty() {
             if params.base_url.trim().is_empty() {
                 bail!("stage `{stage}`: backend = \"http\" needs server_command (an engine to start) or base_url (a running one)");
@@ -309,9 +340,16 @@ impl HttpSampler {
         } else {
             let port = free_port()?;
             vars.push(("port", port.to_string()));
-            let command = render(&params.server_command, &vars);
             let own_log = params.reload != Reload::None;
-            let log = if own_log { std::env::temp_dir().join(format!("rredcot-engine-{}-{port}.log", std::process::id())) } else { ctx.scratch.join("engine.log") };
+            let kept_name = format!("rredcot-engine-{}-{port}", std::process::id());
+            let log = if own_log { std::env::temp_dir().join(format!("{kept_name}.log")) } else { ctx.scratch.join("engine.log") };
+            let views = (params.reload == Reload::Vllm).then(|| std::env::temp_dir().join(format!("{kept_name}.views")));
+            if let Some(views) = &views {
+                let given = engine_view(&stage, views, &path, &hash)?;
+                untied_view = given != path;
+                vars[0].1 = given.display().to_string();
+            }
+            let command = render(&params.server_command, &vars);
             std::fs::create_dir_all(&ctx.scratch).with_context(|| format!("creating {}", ctx.scratch.display()))?;
             let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
             let mut cmd = Command::new("sh");
@@ -321,7 +359,7 @@ impl HttpSampler {
             die_with_parent(&mut cmd);
             let child = cmd.spawn().with_context(|| format!("stage `{stage}`: starting the engine `{command}`"))?;
             tracing::info!("stage `{stage}`: started the engine `{command}` (log {})", log.display());
-            (format!("http://127.0.0.1:{port}/v1"), Some(EngineServer { child: Mutex::new(child), group: Some(group), command, log, own_log }))
+            (format!("http://127.0.0.1:{port}/v1"), Some(EngineServer { child: Mutex::new(child), group: Some(group), command, log, own_log, views }))
         };
         let base = if base.ends_with("/v1") { base } else { format!("{base}/v1") };
         let mut s = HttpSampler {
@@ -336,6 +374,8 @@ impl HttpSampler {
             startup_s: 0.0,
             reused: false,
             reload_s: 0.0,
+            untied_view,
+            fresh_gap: None,
             policy_hash: hash.clone(),
             requests: AtomicI64::new(0),
             retried: AtomicI64::new(0),
@@ -381,7 +421,13 @@ impl HttpSampler {
         self.wait_ready()?;
         if self.policy_hash != hash {
             let t0 = Instant::now();
-            self.load_checkpoint(path)?;
+            let views = self.server.as_ref().and_then(|e| e.views.clone());
+            let given = match views {
+                Some(views) => engine_view(&self.stage, &views, path, &hash)?,
+                None => path.to_path_buf(),
+            };
+            self.untied_view = given != path;
+            self.load_checkpoint(&given)?;
             self.reload_s = t0.elapsed().as_secs_f64();
             self.policy_hash = hash;
         }

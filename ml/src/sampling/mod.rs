@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use crate::traces::encode_prompt;
 pub mod http;
+pub mod untied;
 
 use self::http::{plan_requests, topk_entropy, Backend, HttpSampler};
 use crate::model::{self, DecoderLm, DeviceChoice, DtypeChoice, Generation, SamplingParams, Tokenizer};
@@ -452,14 +453,25 @@ fn sample_http(
     ctx.metric("engine_startup_s", engine.startup_s);
     ctx.metric("engine_reused", engine.reused);
     ctx.metric("engine_reload_s", engine.reload_s);
+    ctx.metric("engine_untied_view", engine.untied_view);
     Ok((out, prefilled))
 }
 
-/// The mean gap (nats per token) between a kept engine's logprobs and the model core's beyond
-/// which its checkpoint load is taken to have failed: a kept f32 `rredcot serve` measured 2e-7,
-/// and a bf16 engine is expected far below it too; vLLM 0.32's CPU build after a wrong load
-/// measured 0.54 (max 5.4).
-const KEPT_ENGINE_GAP: f64 = 0.25;
+/// How far (mean nats per token) a kept engine's logprobs may be from the model core's before its
+/// checkpoint load is taken to have failed: `KEPT_GAP_FACTOR` × the gap the same engine showed in
+/// the stage that started it (its precision's own noise: 2e-7 for `rredcot serve`, ≤ 1e-5 for
+/// vLLM's f32 CPU build; a bf16 engine's is larger), at least `KEPT_GAP_FLOOR` and at most
+/// `KEPT_GAP_MAX`. A wrong load measured 0.54 (vLLM 0.32's CPU build on a tied checkpoint); an
+/// engine that kept the previous step's weights is off by about one training step's change of
+/// the policy, which an f32 engine shows far above its floor, and a bf16 engine's noise may hide.
+const KEPT_GAP_FACTOR: f64 = 4.0;
+const KEPT_GAP_FLOOR: f64 = 1e-3;
+const KEPT_GAP_MAX: f64 = 0.25;
+
+/// The largest mean logprob gap a kept engine may show, given the gap it showed when started.
+fn kept_gap_limit(fresh_gap: Option<f64>) -> f64 {
+    fresh_gap.map_or(KEPT_GAP_MAX, |g| (KEPT_GAP_FACTOR * g).clamp(KEPT_GAP_FLOOR, KEPT_GAP_MAX))
+}
 
 /// Where the entropies of an engine's completions come from (param `entropies`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -492,7 +504,10 @@ pub fn engine_entropies(
     if sampler.local().is_some() {
         return Ok(());
     }
-    let kept = matches!(&sampler, Sampler::Http { engine, .. } if engine.reused);
+    let (kept, fresh_gap, url) = match &sampler {
+        Sampler::Http { engine, .. } => (engine.reused, engine.fresh_gap, engine.url().to_string()),
+        Sampler::Local(_) => (false, None, String::new()),
+    };
     sampler.finish()?;
     let sampling = &p.sampling();
     match logprobs.entropies {
@@ -517,12 +532,19 @@ pub fn engine_entropies(
             ctx.metric("engine_logprob_gap_max", gap as f64);
             let mean = gap_sum / tokens.max(1) as f64;
             ctx.metric("engine_logprob_gap_mean", mean);
-            if kept && mean > KEPT_ENGINE_GAP {
-                http::release_parked();
-                bail!(
-                    "stage `{}`: the engine kept from an earlier stage (param reload) samples with logprobs {mean:.3} nats (mean; max {gap:.3}) away from this stage's checkpoint in the model core: its load of the checkpoint did not take (vLLM 0.32's CPU build does this); the engine is stopped, nothing is cached; set reload = \"none\"",
-                    ctx.instance
-                );
+            if !kept {
+                http::note_fresh_gap(&url, mean);
+            } else {
+                let limit = kept_gap_limit(fresh_gap);
+                ctx.metric("engine_logprob_gap_limit", limit);
+                if mean > limit {
+                    http::release_parked();
+                    bail!(
+                        "stage `{}`: the engine kept from an earlier stage (param reload) samples with logprobs {mean:.2e} nats (mean; max {gap:.3}) away from this stage's checkpoint in the model core, above the {limit:.2e} allowed ({KEPT_GAP_FACTOR}× the {} it showed when started, within [{KEPT_GAP_FLOOR}, {KEPT_GAP_MAX}]): its load of the checkpoint did not take; the engine is stopped, nothing is cached; set reload = \"none\"",
+                        ctx.instance,
+                        fresh_gap.map_or("(unmeasured)".to_string(), |g| format!("{g:.2e}"))
+                    );
+                }
             }
         }
         Entropies::Topk => {
