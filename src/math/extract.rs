@@ -336,14 +336,27 @@ fn align_row_tail(text: &str, priority: u16) -> Option<Candidate> {
         }
     }
     let line_start = t.rfind('\n').map_or(0, |i| i + 1);
-    let eq = t[line_start..].rfind("&=")? + line_start;
-    let body = t[eq + 2..].trim().trim_end_matches(['.', ',']).trim_end();
+    // `&=`, also with spacing between (`&\qquad=`); the `=` is the last of the row's relations.
+    let eq = t[line_start..].match_indices('&').map(|(i, _)| line_start + i).rev().find_map(|i| {
+        let mut rest = &t[i + 1..];
+        loop {
+            let skipped = rest.trim_start();
+            match ["\\qquad", "\\quad", "\\;", "\\,", "\\:", "\\!"].iter().find_map(|sp| skipped.strip_prefix(sp)) {
+                Some(r) => rest = r,
+                None => return skipped.starts_with('=').then(|| t.len() - skipped.len()),
+            }
+        }
+    })?;
+    // A row's last column may be a comment (`&=6&\text{added 1}.`).
+    let row = &t[eq + 1..];
+    let row = &row[..column_end(row)];
+    let body = row.trim().trim_end_matches(['.', ',']).trim_end();
     // A row written the other way round (`\frac{4}{13} &= y`) ends on its variable.
     let lone_variable = body.len() == 1 && body.bytes().all(|c| c.is_ascii_alphabetic());
     if body.is_empty() || body.len() > 120 || body.contains('$') || lone_variable {
         return None;
     }
-    let start = eq + 2 + (t[eq + 2..].len() - t[eq + 2..].trim_start().len());
+    let start = eq + 1 + (t[eq + 1..].len() - t[eq + 1..].trim_start().len());
     Some(Candidate {
         priority,
         start,
@@ -351,6 +364,23 @@ fn align_row_tail(text: &str, priority: u16) -> Option<Candidate> {
         text: body.to_string(),
         plain: false,
     })
+}
+
+/// Where the first column of an `align` row's rest ends: at its first `&` outside braces and
+/// environments (a matrix's `&` stays), else at its end.
+fn column_end(row: &str) -> usize {
+    let (mut depth, mut envs) = (0usize, 0usize);
+    for (i, c) in row.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            '\\' if row[i..].starts_with("\\begin{") => envs += 1,
+            '\\' if row[i..].starts_with("\\end{") => envs = envs.saturating_sub(1),
+            '&' if depth == 0 && envs == 0 => return i,
+            _ => {}
+        }
+    }
+    row.len()
 }
 
 /// The rest of the sentence after an answer marker, when it is a plain-text answer: `is

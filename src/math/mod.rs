@@ -727,6 +727,24 @@ mod tests {
     }
 
     #[test]
+    fn an_align_row_with_spacing_or_a_comment_column_and_a_unit_before_a_full_stop() {
+        // `&\qquad=` is a row's `&=`; a last column is a comment, not the answer (a matrix's
+        // `&` is no column end).
+        let r = "\\begin{align*}\nd &= \\sqrt{1+9} \\\\\n&\\qquad=\\sqrt{10}.\n\\end{align*}";
+        assert!(verify_response("\\sqrt{10}", r).correct);
+        let r = "\\begin{align*}\nx &= 5 & \\text{start} \\\\\n&=6&\\text{added 1}.\n\\end{align*}";
+        assert_eq!(verify_response("0", r).extracted.as_deref(), Some("6"));
+        assert!(verify_response("6", r).correct && !verify_response("1", r).correct);
+        let m = "&= \\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}.";
+        assert!(verify_response("\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}", m).correct);
+        // A unit before the sentence's full stop is still a trailing unit.
+        assert!(verify("72", "$72\\text{ cm}.$"));
+        assert!(verify("5", "5\\text{ inches},"));
+        let r = "Therefore, the volume of the cone is  \\[\\frac13\\cdot (6^2\\pi)(6\\sqrt{3}) =72\\pi\\sqrt{3}\\text{ cubic centimeters}.\\]";
+        assert!(verify_response("72\\pi\\sqrt{3}", r).correct && !verify_response("72", r).correct);
+    }
+
+    #[test]
     fn reference_solutions_state_their_answer_in_the_last_sentence() {
         let sol = "Count the tilings recursively: 1, 2, 3, 5, ...\nSo there are 89 ways to tile a 2 x 21 rectangle.";
         assert_eq!(states_answer("89", sol), Some(true));

@@ -63,6 +63,8 @@ pub fn normalize(answer: &str) -> String {
     s = drop_base_subscripts(&s);
     s = s.replace("\\%", "%");
     s = replace_words(&s, &["percentage", "percent", "pct"], "%");
+    // A sentence's full stop after a unit (`72\text{ cm}.`) first, so that the unit is trailing.
+    s = s.trim_end().trim_end_matches(['.', ',']).to_string();
     s = strip_trailing_text(&s);
     s = strip_trailing_units(&s);
     s = unwrap_text(&s);
