@@ -49,7 +49,7 @@ done >> "$TMP/policies.toml"
 "$BIN" --store "$STORE" pipeline run "$TMP/policies.toml" --json > "$TMP/policies.json"
 # The checkpoints as files. UNTIED=1: each with its own lm_head.weight (a copy of the embedding)
 # and tie_word_embeddings = false. Without it they are tied, as bootstrap_sft writes them, and
-# reload = "vllm" gives vLLM untied views of them (its in-place reload loads tied models wrong).
+# reload = "vllm" gives vLLM untied views of them (its CPU build reloads tied models wrong).
 CKPTS=()
 for st in sft sft2 sft3; do
   dir=$STORE/instances/$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["keys"][sys.argv[2]])' "$TMP/policies.json" "$st")/outputs/model

@@ -3,9 +3,12 @@
 //! vLLM 0.32's `reload_weights` loads a checkpoint whose output head is its input embedding
 //! (`tie_word_embeddings`) wrong: measured on its CPU build, the tiny policy then sampled 0.54 nats
 //! per token (mean) away from the checkpoint it said it had loaded, while untied copies of the
-//! same checkpoints reloaded exactly. The reload path (`model_loader/reload/layerwise.py`) is the
-//! same Python on every device, so a GPU build is not assumed to differ. Qwen2.5-0.5B/1.5B, Qwen3's
-//! small models and SmolLM2 all tie their embeddings.
+//! same checkpoints reloaded exactly. Read in vLLM's code: the CPU build packs a linear layer's
+//! weight for oneDNN after loading it, and the reload (`model_loader/reload/layerwise.py`) packs
+//! again only the layers it loaded weights into; a tied head loads none, so it keeps the first
+//! checkpoint's packed copy. On a GPU the head reads the shared tensor and should reload right
+//! (not measured); the view is given there too, as the stage cannot tell the engine's device.
+//! Qwen2.5-0.5B/1.5B, Qwen3's small models and SmolLM2 all tie their embeddings.
 //!
 //! So the engine is given a view in which the head is a tensor of its own: a directory of symbolic
 //! links to the checkpoint's files, with `config.json` saying `tie_word_embeddings: false` and
