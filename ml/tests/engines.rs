@@ -94,6 +94,7 @@ fn rollouts_and_mc_continuations_through_rredcot_serve_equal_the_builtin_ones() 
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let http = format!("backend = \"http\", server_command = \"{SERVE}\", concurrency = 4, timeout_s = 120.0");
+    let sglang = proxied_serve(dir.path(), "sglang");
     let stages = format!(
         r#"
 [[stage]]
@@ -115,6 +116,11 @@ uses = "rollout"
 name = "http_grouped"
 uses = "rollout"
 {ROLLOUT}, group_requests = true, entropies = "topk", top_logprobs = 5, {http} }}
+
+[[stage]]
+name = "sglang_grouped"
+uses = "rollout"
+{ROLLOUT}, group_requests = true, backend = "http", server_command = "{sglang}", concurrency = 4, timeout_s = 120.0 }}
 
 [[stage]]
 name = "segment"
@@ -165,6 +171,12 @@ params = {{ k = 2, max_new_tokens = 16, device = "cpu", threads = 1, {http} }}
     let rec_g = record(&store, &s, "http_grouped");
     assert_eq!(rec_g["counters"]["http_requests"].as_i64(), Some(1 + 3), "{rec_g}");
     assert_eq!(rec_g["metrics"]["entropies"].as_str(), Some("topk-estimate"), "{rec_g}");
+    // SGLang gives the choices of a request one seed: each row goes as a request of its own, with
+    // the row's seed, and the rows are the grouped ones; its version comes from `/server_info`.
+    assert_same_rollouts(&grouped, &rollouts(&store, &s, "sglang_grouped"), "grouped rows sent to SGLang one by one");
+    let rec_s = record(&store, &s, "sglang_grouped");
+    assert_eq!((rec_s["metrics"]["engine"].as_str(), rec_s["metrics"]["engine_version"].as_str()), (Some("sglang"), Some("0.5.23-proxy")), "{rec_s}");
+    assert_eq!(rec_s["counters"]["http_requests"].as_i64(), Some(1 + 9), "{rec_s}");
     assert_eq!(rec["counters"]["tokens_generated"], record(&store, &s, "local")["counters"]["tokens_generated"]);
 
     // MC continuations through the engine: the same completions, so the same values.
@@ -293,10 +305,8 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
         std::fs::copy(e.path(), near.join(e.file_name())).unwrap();
     }
     scale_final_norm(&near.join("model.safetensors"), 1.03);
-    let proxy = dir.path().join("proxy.py");
-    std::fs::write(&proxy, PROXY).unwrap();
     let proxied = |mode: &str, reload: &str| {
-        format!(", backend = \"http\", server_command = \"python3 {} {{port}} {mode} {}\", concurrency = 4, timeout_s = 120.0, reload = \"{reload}\"", proxy.display(), SERVE.replace("{port}", "INNER"))
+        format!(", backend = \"http\", server_command = \"{}\", concurrency = 4, timeout_s = 120.0, reload = \"{reload}\"", proxied_serve(dir.path(), mode))
     };
     let stale_http = proxied("stale", "sglang");
     let near_roll = roll("stale_b", "sft", &stale_http).replace("policy = \"sft.model\"", &format!("policy = \"file:{}\"", near.display()));
@@ -348,6 +358,13 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     assert!(!out.status.success() && err.contains("unknown param for stage kind `eval`") && err.contains("reload"), "{err}");
 }
 
+/// Writes [`PROXY`] into `dir`; the `server_command` of `rredcot serve` behind it in `mode`.
+fn proxied_serve(dir: &Path, mode: &str) -> String {
+    let proxy = dir.join("proxy.py");
+    std::fs::write(&proxy, PROXY).unwrap();
+    format!("python3 {} {{port}} {mode} {}", proxy.display(), SERVE.replace("{port}", "INNER"))
+}
+
 /// Multiplies the final norm's weight of a checkpoint file by `factor` (so its logits), in place.
 fn scale_final_norm(file: &Path, factor: f32) {
     let bytes = std::fs::read(file).unwrap();
@@ -375,7 +392,10 @@ fn scale_final_norm(file: &Path, factor: f32) {
 /// MODE `stale`: `POST /update_weights_from_disk` is answered with success and not passed on (a
 /// load that does not take). MODE `vllm`: the engine speaks vLLM's reload protocol and insists on
 /// untied views (`--model` and each `weights_path` must be one: `tie_word_embeddings` false,
-/// `lm_head.safetensors`, linked weights), and is given the checkpoint each view links to.
+/// `lm_head.safetensors`, linked weights), and is given the checkpoint each view links to. MODE
+/// `sglang`: the engine shows SGLang 0.5.23's face as its source reads: `owned_by = "sglang"`, no
+/// `/version` but `/server_info`, and the `n` choices of a request share one seed, so a request
+/// with `n > 1` is refused here (the client must send each row with its own seed).
 const PROXY: &str = r#"
 import json, os, socket, subprocess, sys, time, urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -407,9 +427,24 @@ class H(BaseHTTPRequestHandler):
         except OSError:
             self.reply(503, b'{"error": "not up"}')
     def do_GET(self):
+        if mode == "sglang" and self.path == "/version":
+            return self.reply(404, b'{"detail": "Not Found"}')
+        if mode == "sglang" and self.path == "/server_info":
+            return self.reply(200, b'{"version": "0.5.23-proxy"}')
+        if mode == "sglang" and self.path == "/v1/models":
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{inner}/v1/models", timeout=600) as r:
+                    models = json.loads(r.read())
+            except OSError:
+                return self.reply(503, b'{"error": "not up"}')
+            for m in models["data"]:
+                m["owned_by"] = "sglang"
+            return self.reply(200, json.dumps(models).encode())
         self.forward(None)
     def do_POST(self):
         data = self.rfile.read(int(self.headers["Content-Length"]))
+        if mode == "sglang" and self.path == "/v1/completions" and json.loads(data).get("n", 1) > 1:
+            return self.reply(400, b'{"error": "n > 1: its choices would share one seed"}')
         if mode == "stale" and self.path == "/update_weights_from_disk":
             return self.reply(200, json.dumps({"success": True}).encode())
         if mode == "vllm" and self.path == "/reset_prefix_cache":

@@ -401,10 +401,11 @@ impl HttpSampler {
         s.model = entry.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
         s.engine = entry.get("owned_by").and_then(Value::as_str).unwrap_or("unknown").to_string();
         let root = s.base.trim_end_matches("/v1");
-        s.engine_version = match s.get_json(&format!("{root}/version")) {
-            Ok(v) => v.get("version").and_then(Value::as_str).unwrap_or("unknown").to_string(),
-            Err(_) => "unknown".into(),
-        };
+        // vLLM and `rredcot serve` answer `/version`; SGLang says it in `/server_info`.
+        s.engine_version = ["version", "server_info"]
+            .iter()
+            .find_map(|route| s.get_json(&format!("{root}/{route}")).ok()?.get("version")?.as_str().map(str::to_string))
+            .unwrap_or_else(|| "unknown".into());
         Ok(s)
     }
 
@@ -459,6 +460,13 @@ impl HttpSampler {
             }
         }
         Ok(())
+    }
+
+    /// Most choices one request may ask for: SGLang gives all `n` choices of a request one seed
+    /// (read in its 0.5.23 source; vLLM and `rredcot serve` give choice i `seed + i`), so a row
+    /// goes to it as a request of its own, with its own seed.
+    pub fn max_choices(&self) -> usize {
+        if self.engine == "sglang" { 1 } else { MAX_N }
     }
 
     /// The endpoint base (`…/v1`).
@@ -705,11 +713,11 @@ pub fn parse_choices(v: &Value, n: usize, top: usize) -> Result<Vec<Sampled>> {
 
 /// Groups `rows` (prompt, seed, max tokens) into requests: consecutive rows of one prompt whose
 /// seeds are `s, s+1, …` go into one request with `n` choices (at most [`MAX_N`]).
-pub fn plan_requests<'a>(rows: &[(&'a [i64], u64, usize)], name: impl Fn(usize) -> String) -> Vec<CompletionRequest<'a>> {
+pub fn plan_requests<'a>(rows: &[(&'a [i64], u64, usize)], max_n: usize, name: impl Fn(usize) -> String) -> Vec<CompletionRequest<'a>> {
     let mut out: Vec<CompletionRequest<'a>> = Vec::new();
     for (i, &(prompt, seed, max_tokens)) in rows.iter().enumerate() {
         if let Some(last) = out.last_mut() {
-            if last.n < MAX_N && last.prompt == prompt && last.max_tokens == max_tokens && last.seed.wrapping_add(last.n as u64) == seed {
+            if last.n < max_n.min(MAX_N) && last.prompt == prompt && last.max_tokens == max_tokens && last.seed.wrapping_add(last.n as u64) == seed {
                 last.n += 1;
                 continue;
             }
@@ -727,9 +735,12 @@ mod tests {
     fn rows_of_one_prompt_with_consecutive_seeds_share_a_request() {
         let (a, b) = (vec![1i64, 2], vec![3i64]);
         let rows = [(&a[..], 10, 8), (&a[..], 11, 8), (&a[..], 12, 8), (&a[..], 99, 8), (&b[..], 100, 8), (&b[..], 101, 4)];
-        let reqs = plan_requests(&rows, |i| format!("row {i}"));
+        let reqs = plan_requests(&rows, MAX_N, |i| format!("row {i}"));
         let got: Vec<(usize, u64, usize, &str)> = reqs.iter().map(|r| (r.n, r.seed, r.max_tokens, r.label.as_str())).collect();
         assert_eq!(got, vec![(3, 10, 8, "row 0"), (1, 99, 8, "row 3"), (1, 100, 8, "row 4"), (1, 101, 4, "row 5")]);
+        // An engine whose choices share one seed (SGLang) gets each row as a request.
+        let single: Vec<(usize, u64)> = plan_requests(&rows, 1, |i| format!("row {i}")).iter().map(|r| (r.n, r.seed)).collect();
+        assert_eq!(single, rows.iter().map(|r| (1, r.1)).collect::<Vec<_>>());
     }
 
     #[test]

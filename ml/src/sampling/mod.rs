@@ -402,7 +402,7 @@ fn sample_http(
     let planned: Vec<(&[i64], u64, usize)> = rows.iter().zip(&budgets).map(|(r, &b)| (r.0, r.1, b)).collect();
     // A row with no budget left (a prompt that fills the context) is not sent: it ends at once.
     let sendable: Vec<usize> = (0..rows.len()).filter(|&i| budgets[i] > 0).collect();
-    let requests = plan_requests(&sendable.iter().map(|&i| planned[i]).collect::<Vec<_>>(), |k| name(sendable[k]));
+    let requests = plan_requests(&sendable.iter().map(|&i| planned[i]).collect::<Vec<_>>(), engine.max_choices(), |k| name(sendable[k]));
     let progress = std::sync::Mutex::new(ctx.progress(rows.len() as u64, label));
     let done = std::sync::atomic::AtomicU64::new(0);
     let on_done = |n: usize| {
