@@ -347,7 +347,9 @@ impl HttpSampler {
             if let Some(views) = &views {
                 let given = engine_view(&stage, views, &path, &hash)?;
                 untied_view = given != path;
-                vars[0].1 = given.display().to_string();
+                if let Some(policy) = vars.iter_mut().find(|(name, _)| *name == "policy") {
+                    policy.1 = given.display().to_string();
+                }
             }
             let command = render(&params.server_command, &vars);
             std::fs::create_dir_all(&ctx.scratch).with_context(|| format!("creating {}", ctx.scratch.display()))?;
@@ -712,7 +714,7 @@ pub fn parse_choices(v: &Value, n: usize, top: usize) -> Result<Vec<Sampled>> {
 }
 
 /// Groups `rows` (prompt, seed, max tokens) into requests: consecutive rows of one prompt whose
-/// seeds are `s, s+1, …` go into one request with `n` choices (at most [`MAX_N`]).
+/// seeds are `s, s+1, …` go into one request with `n` choices (at most `max_n` and [`MAX_N`]).
 pub fn plan_requests<'a>(rows: &[(&'a [i64], u64, usize)], max_n: usize, name: impl Fn(usize) -> String) -> Vec<CompletionRequest<'a>> {
     let mut out: Vec<CompletionRequest<'a>> = Vec::new();
     for (i, &(prompt, seed, max_tokens)) in rows.iter().enumerate() {
