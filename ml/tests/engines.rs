@@ -95,6 +95,7 @@ fn rollouts_and_mc_continuations_through_rredcot_serve_equal_the_builtin_ones() 
     let store = dir.path().join("store");
     let http = format!("backend = \"http\", server_command = \"{SERVE}\", concurrency = 4, timeout_s = 120.0");
     let sglang = proxied_serve(dir.path(), "sglang");
+    let unseeded = proxied_serve(dir.path(), "unseeded");
     let stages = format!(
         r#"
 [[stage]]
@@ -121,6 +122,11 @@ uses = "rollout"
 name = "sglang_grouped"
 uses = "rollout"
 {ROLLOUT}, group_requests = true, backend = "http", server_command = "{sglang}", concurrency = 4, timeout_s = 120.0 }}
+
+[[stage]]
+name = "unseeded"
+uses = "rollout"
+{ROLLOUT}, backend = "http", server_command = "{unseeded}", concurrency = 4, timeout_s = 120.0 }}
 
 [[stage]]
 name = "segment"
@@ -167,16 +173,21 @@ params = {{ k = 2, max_new_tokens = 16, device = "cpu", threads = 1, {http} }}
     assert!(m["engine_url"].as_str().unwrap().starts_with("http://127.0.0.1:"), "{rec}");
     assert!(m["engine_logprob_gap_max"].as_f64().unwrap() < 1e-5, "{rec}");
     // One probe plus one request per row; grouped: one probe plus one request per prompt.
-    assert_eq!(rec["counters"]["http_requests"].as_i64(), Some(1 + 9), "{rec}");
+    // The probe, the seed probe's two requests, then one request per row.
+    assert_eq!(rec["counters"]["http_requests"].as_i64(), Some(3 + 9), "{rec}");
+    assert_eq!(rec["metrics"]["engine_follows_seeds"].as_bool(), Some(true), "{rec}");
     let rec_g = record(&store, &s, "http_grouped");
-    assert_eq!(rec_g["counters"]["http_requests"].as_i64(), Some(1 + 3), "{rec_g}");
+    assert_eq!(rec_g["counters"]["http_requests"].as_i64(), Some(3 + 3), "{rec_g}");
     assert_eq!(rec_g["metrics"]["entropies"].as_str(), Some("topk-estimate"), "{rec_g}");
     // SGLang gives the choices of a request one seed: each row goes as a request of its own, with
     // the row's seed, and the rows are the grouped ones; its version comes from `/server_info`.
     assert_same_rollouts(&grouped, &rollouts(&store, &s, "sglang_grouped"), "grouped rows sent to SGLang one by one");
     let rec_s = record(&store, &s, "sglang_grouped");
     assert_eq!((rec_s["metrics"]["engine"].as_str(), rec_s["metrics"]["engine_version"].as_str()), (Some("sglang"), Some("0.5.23-proxy")), "{rec_s}");
-    assert_eq!(rec_s["counters"]["http_requests"].as_i64(), Some(1 + 9), "{rec_s}");
+    assert_eq!(rec_s["counters"]["http_requests"].as_i64(), Some(3 + 9), "{rec_s}");
+    // An engine that draws its own seeds (SGLang without deterministic inference) is told apart.
+    let rec_u = record(&store, &s, "unseeded");
+    assert_eq!(rec_u["metrics"]["engine_follows_seeds"].as_bool(), Some(false), "{rec_u}");
     assert_eq!(rec["counters"]["tokens_generated"], record(&store, &s, "local")["counters"]["tokens_generated"]);
 
     // MC continuations through the engine: the same completions, so the same values.
@@ -395,9 +406,10 @@ fn scale_final_norm(file: &Path, factor: f32) {
 /// `lm_head.safetensors`, linked weights), and is given the checkpoint each view links to. MODE
 /// `sglang`: the engine shows SGLang 0.5.23's face as its source reads: `owned_by = "sglang"`, no
 /// `/version` but `/server_info`, and the `n` choices of a request share one seed, so a request
-/// with `n > 1` is refused here (the client must send each row with its own seed).
+/// with `n > 1` is refused here (the client must send each row with its own seed). MODE
+/// `unseeded`: each completion request's seed is replaced by a random one.
 const PROXY: &str = r#"
-import json, os, socket, subprocess, sys, time, urllib.request
+import json, os, random, socket, subprocess, sys, time, urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 port, mode = int(sys.argv[1]), sys.argv[2]
 with socket.socket() as s:
@@ -443,6 +455,8 @@ class H(BaseHTTPRequestHandler):
         self.forward(None)
     def do_POST(self):
         data = self.rfile.read(int(self.headers["Content-Length"]))
+        if mode == "unseeded" and self.path == "/v1/completions":
+            data = json.dumps(dict(json.loads(data), seed=random.randrange(2**62))).encode()
         if mode == "sglang" and self.path == "/v1/completions" and json.loads(data).get("n", 1) > 1:
             return self.reply(400, b'{"error": "n > 1: its choices would share one seed"}')
         if mode == "stale" and self.path == "/update_weights_from_disk":
@@ -459,8 +473,9 @@ ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 "#;
 
 /// A fake engine: `python3 fake.py PORT MODE MODEL PIDFILE`. MODE: ok, text (no token ids), fewer
-/// (one choice short), hang (completions never answer), die (exits on the second completion
-/// request), model (lists another model).
+/// (one choice short), hang (completions never answer), die (exits on the first sampling request,
+/// the fourth completion request after the probe and the seed probe's two), model (lists another
+/// model).
 const FAKE: &str = r#"
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -487,7 +502,7 @@ class H(BaseHTTPRequestHandler):
         calls[0] += 1
         if mode == "hang":
             time.sleep(3600)
-        if mode == "die" and calls[0] >= 2:
+        if mode == "die" and calls[0] >= 4:
             os._exit(3)
         n = req["n"] - (1 if mode == "fewer" else 0)
         lp = {"tokens": ["a"] if mode == "text" else ["token_id:1"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5}]}

@@ -46,6 +46,8 @@ use crate::model::{FinishReason, SamplingParams};
 
 /// Most choices asked for in one request (`rredcot serve` caps `n` at 16).
 const MAX_N: usize = 16;
+/// The seed of [`HttpSampler::follows_seeds`]'s two requests.
+const SEED_PROBE: u64 = 20_261_129;
 /// How long a stopped engine gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(15);
 
@@ -590,6 +592,18 @@ impl HttpSampler {
         let r = CompletionRequest { prompt, seed: 0, n: 1, max_tokens: 1, label: "probe: one token of the first prompt".into() };
         let probe = SamplingParams { stop_strings: vec![], ..p.clone() };
         self.complete(&r, &self.body(&r, &probe, stop_ids, top), top).map(|_| ())
+    }
+
+    /// Whether the engine follows a request's seed: the same request (`prompt`, 16 tokens at the
+    /// stage's sampling params, one seed) sent twice comes back with the same tokens. `false`: the
+    /// engine's samples do not follow the rows' seeds and a rerun samples anew (SGLang without
+    /// `--enable-deterministic-inference`). `true` may also mean a distribution too peaked to tell.
+    pub fn follows_seeds(&self, prompt: &[i64], p: &SamplingParams, stop_ids: &[i64]) -> Result<bool> {
+        let r = CompletionRequest { prompt, seed: SEED_PROBE, n: 1, max_tokens: 16, label: "seed probe: the first prompt twice with one seed".into() };
+        let body = self.body(&r, &SamplingParams { stop_strings: vec![], ..p.clone() }, stop_ids, 0);
+        let first = self.complete(&r, &body, 0)?;
+        let second = self.complete(&r, &body, 0)?;
+        Ok(first[0].tokens == second[0].tokens)
     }
 
     /// Every request, at most `concurrency` in flight; choices in request order. On the first

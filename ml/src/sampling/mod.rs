@@ -398,6 +398,15 @@ fn sample_http(
     let t0 = Instant::now();
     if let Some(first) = rows.first() {
         engine.probe(first.0, sampling, &stop_ids, top)?;
+        let seeded = engine.follows_seeds(first.0, sampling, &stop_ids)?;
+        ctx.metric("engine_follows_seeds", seeded);
+        if !seeded {
+            tracing::warn!(
+                "stage `{}`: the engine at {} sampled other tokens for the same request and seed: its samples do not follow the rows' seeds, and a rerun would sample anew (SGLang: start it with --enable-deterministic-inference)",
+                ctx.instance,
+                engine.url()
+            );
+        }
     }
     let planned: Vec<(&[i64], u64, usize)> = rows.iter().zip(&budgets).map(|(r, &b)| (r.0, r.1, b)).collect();
     // A row with no budget left (a prompt that fills the context) is not sent: it ends at once.
