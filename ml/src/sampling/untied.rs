@@ -6,7 +6,8 @@
 //! same checkpoints reloaded exactly. Read in vLLM's code: the CPU build packs a linear layer's
 //! weight for oneDNN after loading it, and the reload (`model_loader/reload/layerwise.py`) packs
 //! again only the layers it loaded weights into; a tied head loads none, so it keeps the first
-//! checkpoint's packed copy. On a GPU the head reads the shared tensor and should reload right
+//! checkpoint's packed copy (`bench/vllm_tied_reload.py`: packing it again makes the reloaded
+//! engine sample the new checkpoint exactly). On a GPU the head reads the shared tensor and should reload right
 //! (not measured); the view is given there too, as the stage cannot tell the engine's device.
 //! Qwen2.5-0.5B/1.5B, Qwen3's small models and SmolLM2 all tie their embeddings.
 //!
@@ -31,7 +32,7 @@ const HEAD_FILE: &str = "lm_head.safetensors";
 const HEAD: &str = "lm_head.weight";
 
 /// The directory to give the engine for `checkpoint`: the checkpoint itself when its head is
-/// untied already, else its untied view written at `dest` (which must not exist).
+/// untied already, else its untied view written at `dest` (a directory not yet there).
 pub fn engine_checkpoint(checkpoint: &Path, dest: &Path) -> Result<PathBuf> {
     let config_path = checkpoint.join(CONFIG);
     let text = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
