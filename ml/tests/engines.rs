@@ -173,18 +173,18 @@ params = {{ k = 2, max_new_tokens = 16, device = "cpu", threads = 1, {http} }}
     assert!(m["engine_url"].as_str().unwrap().starts_with("http://127.0.0.1:"), "{rec}");
     assert!(m["engine_logprob_gap_max"].as_f64().unwrap() < 1e-5, "{rec}");
     // One probe plus one request per row; grouped: one probe plus one request per prompt.
-    // The probe, the seed probe's two requests, then one request per row.
-    assert_eq!(rec["counters"]["http_requests"].as_i64(), Some(3 + 9), "{rec}");
+    // The probe's two requests (one seed), then one request per row.
+    assert_eq!(rec["counters"]["http_requests"].as_i64(), Some(2 + 9), "{rec}");
     assert_eq!(rec["metrics"]["engine_follows_seeds"].as_bool(), Some(true), "{rec}");
     let rec_g = record(&store, &s, "http_grouped");
-    assert_eq!(rec_g["counters"]["http_requests"].as_i64(), Some(3 + 3), "{rec_g}");
+    assert_eq!(rec_g["counters"]["http_requests"].as_i64(), Some(2 + 3), "{rec_g}");
     assert_eq!(rec_g["metrics"]["entropies"].as_str(), Some("topk-estimate"), "{rec_g}");
     // SGLang gives the choices of a request one seed: each row goes as a request of its own, with
     // the row's seed, and the rows are the grouped ones; its version comes from `/server_info`.
     assert_same_rollouts(&grouped, &rollouts(&store, &s, "sglang_grouped"), "grouped rows sent to SGLang one by one");
     let rec_s = record(&store, &s, "sglang_grouped");
     assert_eq!((rec_s["metrics"]["engine"].as_str(), rec_s["metrics"]["engine_version"].as_str()), (Some("sglang"), Some("0.5.23-proxy")), "{rec_s}");
-    assert_eq!(rec_s["counters"]["http_requests"].as_i64(), Some(3 + 9), "{rec_s}");
+    assert_eq!(rec_s["counters"]["http_requests"].as_i64(), Some(2 + 9), "{rec_s}");
     // An engine that draws its own seeds (SGLang without deterministic inference) is told apart.
     let rec_u = record(&store, &s, "unseeded");
     assert_eq!(rec_u["metrics"]["engine_follows_seeds"].as_bool(), Some(false), "{rec_u}");
@@ -275,13 +275,7 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     // The kept engine ends with the run, and so does its log (outside the stage's scratch dir).
     let first = started["inputs"]["policy"]["hash"].as_str().unwrap().to_string();
     assert!(processes_with(&format!("--model-name {first}")).is_empty(), "{:?}", processes_with(&first));
-    let port = kept["metrics"]["engine_url"].as_str().unwrap().trim_end_matches("/v1").rsplit(':').next().unwrap().to_string();
-    let logs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.starts_with("rredcot-engine-") && n.ends_with(&format!("-{port}.log")))
-        .collect();
+    let logs = kept_engine_files(kept, "log");
     assert!(logs.is_empty(), "{logs:?}");
 
     // An engine that answers success to the load and keeps sampling from other weights (as vLLM
@@ -345,13 +339,7 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     let recs = [record(&store, &s, "vllm_a"), record(&store, &s, "vllm_b")];
     assert_eq!(recs.iter().filter(|r| r["metrics"]["engine_reused"] == Value::Bool(true)).count(), 1);
     assert!(recs.iter().all(|r| r["metrics"]["engine_untied_view"] == Value::Bool(true)), "{:?}", recs.iter().map(|r| &r["metrics"]).collect::<Vec<_>>());
-    let port = recs[0]["metrics"]["engine_url"].as_str().unwrap().trim_end_matches("/v1").rsplit(':').next().unwrap().to_string();
-    let left: Vec<String> = std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.starts_with("rredcot-engine-") && n.ends_with(&format!("-{port}.views")))
-        .collect();
+    let left = kept_engine_files(&recs[0], "views");
     assert!(left.is_empty(), "{left:?}");
 
     // A stage that does not prefill the engine's samples cannot check a kept engine: refused.
@@ -367,6 +355,18 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     let out = run(&store, &p, &["--until", "ev"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("unknown param for stage kind `eval`") && err.contains("reload"), "{err}");
+}
+
+/// What a kept engine leaves in the system's temporary directory under its port (from the run
+/// record `rec` of a stage that used it): `rredcot-engine-{pid}-{port}.{ext}` (`log`, `views`).
+fn kept_engine_files(rec: &Value, ext: &str) -> Vec<String> {
+    let port = rec["metrics"]["engine_url"].as_str().unwrap().trim_end_matches("/v1").rsplit(':').next().unwrap().to_string();
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("rredcot-engine-") && n.ends_with(&format!("-{port}.{ext}")))
+        .collect()
 }
 
 /// Writes [`PROXY`] into `dir`; the `server_command` of `rredcot serve` behind it in `mode`.
@@ -474,8 +474,7 @@ ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 
 /// A fake engine: `python3 fake.py PORT MODE MODEL PIDFILE`. MODE: ok, text (no token ids), fewer
 /// (one choice short), hang (completions never answer), die (exits on the first sampling request,
-/// the fourth completion request after the probe and the seed probe's two), model (lists another
-/// model).
+/// the third completion request after the probe's two), model (lists another model).
 const FAKE: &str = r#"
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -502,7 +501,7 @@ class H(BaseHTTPRequestHandler):
         calls[0] += 1
         if mode == "hang":
             time.sleep(3600)
-        if mode == "die" and calls[0] >= 4:
+        if mode == "die" and calls[0] >= 3:
             os._exit(3)
         n = req["n"] - (1 if mode == "fewer" else 0)
         lp = {"tokens": ["a"] if mode == "text" else ["token_id:1"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5}]}

@@ -16,7 +16,7 @@
 //! request with `seed = s` and `n` choices (choice i samples with seed `s + i` in vLLM and
 //! `rredcot serve`). Token ids come back as each choice's `token_ids` (`return_token_ids`) or as
 //! `"token_id:123"` tokens (`return_tokens_as_token_ids`); a server that returns text only is
-//! refused by a one-token probe before any sampling. The completion text is decoded here from the
+//! refused by a probe ([`HttpSampler::probe`]) before any sampling. The completion text is decoded here from the
 //! ids with the policy's tokenizer, exactly as the built-in sampler does, so both backends write
 //! the same rows for the same tokens.
 //!
@@ -46,8 +46,9 @@ use crate::model::{FinishReason, SamplingParams};
 
 /// Most choices asked for in one request (`rredcot serve` caps `n` at 16).
 const MAX_N: usize = 16;
-/// The seed of [`HttpSampler::follows_seeds`]'s two requests.
+/// The seed and most tokens of [`HttpSampler::probe`]'s two requests.
 const SEED_PROBE: u64 = 20_261_129;
+const PROBE_TOKENS: usize = 16;
 /// How long a stopped engine gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(15);
 
@@ -586,23 +587,18 @@ impl HttpSampler {
         }
     }
 
-    /// Checks with a one-token request that the engine returns token ids and logprobs, before
-    /// any real sampling.
-    pub fn probe(&self, prompt: &[i64], p: &SamplingParams, stop_ids: &[i64], top: usize) -> Result<()> {
-        let r = CompletionRequest { prompt, seed: 0, n: 1, max_tokens: 1, label: "probe: one token of the first prompt".into() };
-        let probe = SamplingParams { stop_strings: vec![], ..p.clone() };
-        self.complete(&r, &self.body(&r, &probe, stop_ids, top), top).map(|_| ())
-    }
-
-    /// Whether the engine follows a request's seed: the same request (`prompt`, 16 tokens at the
-    /// stage's sampling params, one seed) sent twice comes back with the same tokens. `false`: the
-    /// engine's samples do not follow the rows' seeds and a rerun samples anew (SGLang without
-    /// `--enable-deterministic-inference`). `true` may also mean a distribution too peaked to tell.
-    pub fn follows_seeds(&self, prompt: &[i64], p: &SamplingParams, stop_ids: &[i64]) -> Result<bool> {
-        let r = CompletionRequest { prompt, seed: SEED_PROBE, n: 1, max_tokens: 16, label: "seed probe: the first prompt twice with one seed".into() };
-        let body = self.body(&r, &SamplingParams { stop_strings: vec![], ..p.clone() }, stop_ids, 0);
-        let first = self.complete(&r, &body, 0)?;
-        let second = self.complete(&r, &body, 0)?;
+    /// Before any real sampling: checks that the engine returns token ids and logprobs, and says
+    /// whether it follows a request's seed. The same request (`prompt`, at most `max_tokens` ≤
+    /// [`PROBE_TOKENS`] tokens at the stage's sampling params, one seed) goes out twice and must
+    /// parse; `false` when the two came back with other tokens: the engine's samples do not follow
+    /// the rows' seeds and a rerun samples anew (SGLang without `--enable-deterministic-inference`).
+    /// `true` may also mean a distribution too peaked to tell.
+    pub fn probe(&self, prompt: &[i64], max_tokens: usize, p: &SamplingParams, stop_ids: &[i64], top: usize) -> Result<bool> {
+        let max_tokens = max_tokens.min(PROBE_TOKENS);
+        let r = CompletionRequest { prompt, seed: SEED_PROBE, n: 1, max_tokens, label: "probe: the first prompt twice with one seed".into() };
+        let body = self.body(&r, &SamplingParams { stop_strings: vec![], ..p.clone() }, stop_ids, top);
+        let first = self.complete(&r, &body, top)?;
+        let second = self.complete(&r, &body, top)?;
         Ok(first[0].tokens == second[0].tokens)
     }
 

@@ -396,9 +396,11 @@ fn sample_http(
     let mut stop_ids = sampling.stop_token_ids.clone();
     stop_ids.extend(&tok.eos_ids);
     let t0 = Instant::now();
-    if let Some(first) = rows.first() {
-        engine.probe(first.0, sampling, &stop_ids, top)?;
-        let seeded = engine.follows_seeds(first.0, sampling, &stop_ids)?;
+    let planned: Vec<(&[i64], u64, usize)> = rows.iter().zip(&budgets).map(|(r, &b)| (r.0, r.1, b)).collect();
+    // A row with no budget left (a prompt that fills the context) is not sent: it ends at once.
+    let sendable: Vec<usize> = (0..rows.len()).filter(|&i| budgets[i] > 0).collect();
+    if let Some(&first) = sendable.first() {
+        let seeded = engine.probe(rows[first].0, budgets[first], sampling, &stop_ids, top)?;
         ctx.metric("engine_follows_seeds", seeded);
         if !seeded {
             tracing::warn!(
@@ -408,9 +410,6 @@ fn sample_http(
             );
         }
     }
-    let planned: Vec<(&[i64], u64, usize)> = rows.iter().zip(&budgets).map(|(r, &b)| (r.0, r.1, b)).collect();
-    // A row with no budget left (a prompt that fills the context) is not sent: it ends at once.
-    let sendable: Vec<usize> = (0..rows.len()).filter(|&i| budgets[i] > 0).collect();
     let requests = plan_requests(&sendable.iter().map(|&i| planned[i]).collect::<Vec<_>>(), engine.max_choices(), |k| name(sendable[k]));
     let progress = std::sync::Mutex::new(ctx.progress(rows.len() as u64, label));
     let done = std::sync::atomic::AtomicU64::new(0);
