@@ -109,6 +109,8 @@ def stages(summary):
         out[st] = {"wall_s": r["wall_s"], "engine_startup_s": m["engine_startup_s"], "engine_reused": m["engine_reused"],
                    "engine_reload_s": m["engine_reload_s"], "logprob_gap_max_vs_prefill": m["engine_logprob_gap_max"],
                    "tokens": r["counters"]["tokens_generated"], "rollouts_hash": r["outputs"]["rollouts"]["hash"]}
+        if "engine_canary_unchanged" in m:  # a kept engine's load, checked by the previous stage's probe sent again
+            out[st].update({"canary_unchanged": m["engine_canary_unchanged"], "canary_core_shift": m["engine_canary_core_shift"]})
     return out
 f, k, b = stages(fresh), stages(kept), stages(builtin)
 total = lambda x: sum(v["wall_s"] for v in x.values())

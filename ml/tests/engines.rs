@@ -272,6 +272,9 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     assert!(kept["metrics"]["engine_reload_s"].as_f64().unwrap() > 0.0, "{kept}");
     assert_eq!(kept["metrics"]["engine_url"], started["metrics"]["engine_url"], "the same engine");
     assert_eq!(started["metrics"]["engine_reload_s"].as_f64(), Some(0.0), "{started}");
+    // After the load, the first stage's probe came back otherwise, as the checkpoint moved it.
+    assert_eq!(kept["metrics"]["engine_canary_unchanged"], Value::Bool(false), "{kept}");
+    assert!(kept["metrics"]["engine_canary_core_shift"].as_f64().unwrap() > 1e-6, "{kept}");
     // The kept engine ends with the run, and so does its log (outside the stage's scratch dir).
     let first = started["inputs"]["policy"]["hash"].as_str().unwrap().to_string();
     assert!(processes_with(&format!("--model-name {first}")).is_empty(), "{:?}", processes_with(&first));
@@ -327,6 +330,28 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     assert!(gap > 1e-3 && gap < 0.25, "the stale load's gap {gap} is meant to lie between the floor and a wrong load's: {err}");
     let rec = record(&store, &summary, started);
     assert!(rec["metrics"]["engine_logprob_gap_mean"].as_f64().unwrap() < 1e-5, "{rec}");
+
+    // The same stale load between checkpoints 0.02% apart, as a small training step or a bf16
+    // engine's noise makes it: the logprob gap stays under the floor, but the engine answers the
+    // first stage's probe after the load exactly as before while the model core says the new
+    // checkpoint moves it: the stage fails.
+    let nearer = dir.path().join("nearer");
+    std::fs::create_dir(&nearer).unwrap();
+    for e in std::fs::read_dir(&sft).unwrap().flatten() {
+        std::fs::copy(e.path(), nearer.join(e.file_name())).unwrap();
+    }
+    scale_final_norm(&nearer.join("model.safetensors"), 1.0002);
+    let nearer_roll = roll("stale_d", "sft", &stale_http).replace("policy = \"sft.model\"", &format!("policy = \"file:{}\"", nearer.display()));
+    let p = pipeline(dir.path(), &format!("{stages}{}{nearer_roll}", roll("stale_c", "sft", &stale_http)));
+    let out = run(&store, &p, &["--jobs", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let failed = if err.contains("stage `stale_c`: the engine kept") { "stale_c" } else { "stale_d" };
+    assert!(err.contains(&format!("stage `{failed}`: the engine kept")) && err.contains("exactly as before, to the bit") && err.contains("did not take"), "{err}");
+    let shift: f64 = err.split("moves those tokens' logprobs by ").nth(1).and_then(|t| t.split(' ').next()).and_then(|g| g.parse().ok()).expect(&err);
+    eprintln!("a stale load between checkpoints whose logits differ by 0.02%: the probe's logprobs move by {shift:.2e} in the model core");
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!instance(&store, &summary, failed).join("run.json").exists(), "the failed stage is not cached");
 
     // reload = "vllm": the engine is started over an untied view of the (tied) checkpoint and loads
     // the next one's view; each rollout equals the built-in one over its own checkpoint, and no

@@ -134,6 +134,17 @@ pub fn note_fresh_gap(url: &str, gap: f64) {
     }
 }
 
+/// Records `core`, the model core's logprobs of the kept engine's canary reply under the checkpoint
+/// it holds, if this process kept the engine at `url` and its canary replied `tokens`: called by
+/// the stage whose probe the canary is, once it was kept.
+pub fn note_canary_core(url: &str, tokens: &[i64], core: Vec<f32>) {
+    if let Some(parked) = PARKED.lock().ok().as_mut().and_then(|p| p.as_mut()).filter(|p| p.base == url) {
+        if let Some(c) = parked.canary.get_mut().ok().and_then(|c| c.as_mut()).filter(|c| c.reply.tokens == tokens) {
+            c.core = Some(core);
+        }
+    }
+}
+
 /// Stops the engine this process kept, if any (at the end of a warm stage process; the engine's
 /// guardian kills it anyway when the process dies).
 pub fn release_parked() {
@@ -178,6 +189,36 @@ pub fn topk_entropy(top: &[f32]) -> f32 {
         h -= rest * rest.ln();
     }
     h as f32
+}
+
+/// The first reply to [`HttpSampler::probe`], kept with the engine: after a kept engine loads the
+/// next stage's checkpoint, the same request goes out again ([`HttpSampler::reuse`]). A reply
+/// equal to the bit, while the model core says the new checkpoint moves these tokens'
+/// logprobs, shows a load that did not take however small the training step: a bf16 engine's own
+/// noise may hide one step's change from the logprob gap, not from this comparison.
+#[derive(Debug, Clone)]
+pub struct Canary {
+    body: Value,
+    pub prompt: Vec<i64>,
+    max_tokens: usize,
+    /// Top logprobs asked for.
+    top: usize,
+    pub reply: Sampled,
+    /// The params the probe sampled with (the model core's logprobs of `reply` use them too).
+    pub sampling: SamplingParams,
+    /// The model core's logprobs of `reply.tokens` under the checkpoint the engine held when it
+    /// answered ([`note_canary_core`]).
+    pub core: Option<Vec<f32>>,
+}
+
+/// The previous stage's [`Canary`], sent again after the kept engine loaded this stage's checkpoint.
+#[derive(Debug, Clone)]
+pub struct CanaryAfterLoad {
+    /// With `core` set.
+    pub before: Canary,
+    /// Whether the engine answered exactly as before the load: the same tokens and logprobs, bit
+    /// for bit.
+    pub unchanged: bool,
 }
 
 /// The engine process started by the stage; stopped on drop.
@@ -301,6 +342,10 @@ pub struct HttpSampler {
     pub fresh_gap: Option<f64>,
     /// The hash of the checkpoint the engine holds.
     policy_hash: String,
+    /// The latest probe's first reply ([`Canary`]).
+    canary: Mutex<Option<Canary>>,
+    /// The previous stage's canary after this stage's load, when the engine was kept and loaded.
+    pub after_load: Option<CanaryAfterLoad>,
     pub requests: AtomicI64,
     pub retried: AtomicI64,
 }
@@ -382,6 +427,8 @@ impl HttpSampler {
             untied_view,
             fresh_gap: None,
             policy_hash: hash.clone(),
+            canary: Mutex::new(None),
+            after_load: None,
             requests: AtomicI64::new(0),
             retried: AtomicI64::new(0),
         };
@@ -422,6 +469,7 @@ impl HttpSampler {
         self.params = params;
         self.reused = true;
         self.reload_s = 0.0;
+        self.after_load = None;
         self.requests = AtomicI64::new(0);
         self.retried = AtomicI64::new(0);
         self.wait_ready()?;
@@ -436,10 +484,24 @@ impl HttpSampler {
             self.load_checkpoint(&given)?;
             self.reload_s = t0.elapsed().as_secs_f64();
             self.policy_hash = hash;
+            self.after_load = self.resend_canary()?;
         }
         self.startup_s = opened.elapsed().as_secs_f64();
         tracing::info!("stage `{}`: reusing the engine at {} ({:.2} s to load the checkpoint)", self.stage, self.base, self.reload_s);
         Ok(self)
+    }
+
+    /// The previous stage's canary (with the model core's logprobs) sent again, once the engine
+    /// loaded this stage's checkpoint; `None` without one.
+    fn resend_canary(&mut self) -> Result<Option<CanaryAfterLoad>> {
+        let Some(before) = self.canary.get_mut().ok().and_then(|c| c.take()).filter(|c| c.core.is_some() && !c.reply.tokens.is_empty()) else {
+            return Ok(None);
+        };
+        let r = CompletionRequest { prompt: &before.prompt, seed: SEED_PROBE, n: 1, max_tokens: before.max_tokens, label: "the previous stage's probe again, after the load".into() };
+        let after = self.complete(&r, &before.body, before.top)?;
+        let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let unchanged = after[0].tokens == before.reply.tokens && bits(&after[0].logprobs) == bits(&before.reply.logprobs);
+        Ok(Some(CanaryAfterLoad { before, unchanged }))
     }
 
     /// Loads the checkpoint at `path` into the running engine ([`Reload`]); an engine that says
@@ -592,14 +654,29 @@ impl HttpSampler {
     /// [`PROBE_TOKENS`] tokens at the stage's sampling params, one seed) goes out twice and must
     /// parse; `false` when the two came back with other tokens: the engine's samples do not follow
     /// the rows' seeds and a rerun samples anew (SGLang without `--enable-deterministic-inference`).
-    /// `true` may also mean a distribution too peaked to tell.
+    /// `true` may also mean a distribution too peaked to tell. The first reply is kept as the
+    /// engine's [`Canary`].
     pub fn probe(&self, prompt: &[i64], max_tokens: usize, p: &SamplingParams, stop_ids: &[i64], top: usize) -> Result<bool> {
         let max_tokens = max_tokens.min(PROBE_TOKENS);
         let r = CompletionRequest { prompt, seed: SEED_PROBE, n: 1, max_tokens, label: "probe: the first prompt twice with one seed".into() };
-        let body = self.body(&r, &SamplingParams { stop_strings: vec![], ..p.clone() }, stop_ids, top);
+        let sampling = SamplingParams { stop_strings: vec![], ..p.clone() };
+        let body = self.body(&r, &sampling, stop_ids, top);
         let first = self.complete(&r, &body, top)?;
         let second = self.complete(&r, &body, top)?;
-        Ok(first[0].tokens == second[0].tokens)
+        let seeded = first[0].tokens == second[0].tokens;
+        let canary = Canary { body, prompt: prompt.to_vec(), max_tokens, top, reply: first.into_iter().next().context("the probe's reply")?, sampling, core: None };
+        *self.canary.lock().map_err(|_| anyhow!("the canary's lock"))? = Some(canary);
+        Ok(seeded)
+    }
+
+    /// The latest probe's first reply ([`Canary`]).
+    pub fn canary(&self) -> Option<Canary> {
+        self.canary.lock().ok()?.clone()
+    }
+
+    /// Whether this sampler's engine is kept for the next stage when it stops.
+    pub fn keeps_engine(&self) -> bool {
+        self.server.is_some() && self.params.reload != Reload::None
     }
 
     /// Every request, at most `concurrency` in flight; choices in request order. On the first
@@ -649,7 +726,7 @@ impl HttpSampler {
         if let Some(why) = self.server.as_ref().and_then(EngineServer::exited) {
             bail!("stage `{}`: {why}", self.stage);
         }
-        if self.server.is_some() && self.params.reload != Reload::None {
+        if self.keeps_engine() {
             // Replaces (and so stops) any engine kept before.
             let old = PARKED.lock().map_err(|_| anyhow!("the kept engine's lock"))?.replace(self);
             drop(old);

@@ -476,6 +476,12 @@ const KEPT_GAP_FACTOR: f64 = 4.0;
 const KEPT_GAP_FLOOR: f64 = 1e-3;
 const KEPT_GAP_MAX: f64 = 0.25;
 
+/// How far (mean nats per token, in the model core) a new checkpoint must move the canary's
+/// logprobs ([`http::Canary`]) for an engine that answers it unchanged after the load to be taken
+/// as one that did not load: far above a deterministic model core's zero, below any real training
+/// step's change.
+const CANARY_SHIFT_MIN: f64 = 1e-6;
+
 /// The largest mean logprob gap a kept engine may show, given the gap it showed when started.
 fn kept_gap_limit(fresh_gap: Option<f64>) -> f64 {
     fresh_gap.map_or(KEPT_GAP_MAX, |g| (KEPT_GAP_FACTOR * g).clamp(KEPT_GAP_FLOOR, KEPT_GAP_MAX))
@@ -512,9 +518,12 @@ pub fn engine_entropies(
     if sampler.local().is_some() {
         return Ok(());
     }
-    let (kept, fresh_gap, url) = match &sampler {
-        Sampler::Http { engine, .. } => (engine.reused, engine.fresh_gap, engine.url().to_string()),
-        Sampler::Local(_) => (false, None, String::new()),
+    let (kept, fresh_gap, url, canary, after_load) = match &sampler {
+        Sampler::Http { engine, .. } => {
+            let canary = engine.canary().filter(|_| engine.keeps_engine());
+            (engine.reused, engine.fresh_gap, engine.url().to_string(), canary, engine.after_load.clone())
+        }
+        Sampler::Local(_) => (false, None, String::new(), None, None),
     };
     sampler.finish()?;
     let sampling = &p.sampling();
@@ -540,6 +549,15 @@ pub fn engine_entropies(
             ctx.metric("engine_logprob_gap_max", gap as f64);
             let mean = gap_sum / tokens.max(1) as f64;
             ctx.metric("engine_logprob_gap_mean", mean);
+            let instance = ctx.instance.clone();
+            let core_of = |c: &http::Canary| -> Result<Vec<f32>> {
+                Ok(model::prefill_completion(&model, &c.prompt, &c.reply.tokens, &c.sampling, 0)
+                    .with_context(|| format!("stage `{instance}`: prefill of the engine's probe reply"))?
+                    .logprobs)
+            };
+            if let Some(c) = &canary {
+                http::note_canary_core(&url, &c.reply.tokens, core_of(c)?);
+            }
             if !kept {
                 http::note_fresh_gap(&url, mean);
             } else {
@@ -552,6 +570,21 @@ pub fn engine_entropies(
                         ctx.instance,
                         fresh_gap.map_or("(unmeasured)".to_string(), |g| format!("{g:.2e}"))
                     );
+                }
+                if let Some(a) = &after_load {
+                    let before = a.before.core.as_deref().unwrap_or_default();
+                    let after = core_of(&a.before)?;
+                    let shift = after.iter().zip(before).map(|(x, y)| (x - y).abs() as f64).sum::<f64>() / after.len().max(1) as f64;
+                    ctx.metric("engine_canary_unchanged", a.unchanged);
+                    ctx.metric("engine_canary_core_shift", shift);
+                    if a.unchanged && shift > CANARY_SHIFT_MIN {
+                        http::release_parked();
+                        bail!(
+                            "stage `{}`: the engine kept from an earlier stage (param reload) answered the earlier stage's probe ({} tokens, one seed) after loading this stage's checkpoint exactly as before, to the bit, while the model core says this checkpoint moves those tokens' logprobs by {shift:.2e} nats (mean): its load of the checkpoint did not take; the engine is stopped, nothing is cached; set reload = \"none\"",
+                            ctx.instance,
+                            a.before.reply.tokens.len()
+                        );
+                    }
                 }
             }
         }
