@@ -250,3 +250,38 @@ inputs = { table = "then2.table" }
     p.run_ok(&pl, &["--until", "numbers"]);
     assert_eq!(std::fs::read_dir(p.store().join("tmp")).unwrap().count(), 0, "the killed instance's temp output is cleaned");
 }
+
+#[test]
+fn an_instance_goes_to_the_idle_process_that_last_ran_its_stage_kind() {
+    let p = Project::new();
+    // `scaled` and `summed` run side by side, in two processes; `summed` ends first, so its
+    // process is the first idle one when `rescaled` (the kind `scaled` ran) is handed out.
+    let pl = p.pipeline(
+        "affinity",
+        r#"
+[[stage]]
+name = "numbers"
+uses = "demo_numbers"
+params = { n = 20, seed = 7 }
+[[stage]]
+name = "scaled"
+uses = "demo_scale"
+inputs = { table = "numbers.table" }
+params = { factor = 2.0, sleep_ms = 1500 }
+[[stage]]
+name = "summed"
+uses = "demo_sum"
+inputs = { table = "numbers.table" }
+[[stage]]
+name = "rescaled"
+uses = "demo_scale"
+inputs = { table = "scaled.table" }
+params = { factor = 3.0 }
+"#,
+    );
+    let s = p.run_ok(&pl, &["-j", "2"]);
+    let by = processes(&p, &s);
+    let pid = |name: &str| by[name].unwrap_or_else(|| panic!("{name} ran in a warm process: {by:?}")).0;
+    assert_ne!(pid("scaled"), pid("summed"), "side by side in two processes: {by:?}");
+    assert_eq!(pid("rescaled"), pid("scaled"), "the process that last ran demo_scale: {by:?}");
+}

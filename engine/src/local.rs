@@ -94,7 +94,10 @@ impl LocalExecutor {
         self.idle.retain(|w| keep.is_some_and(|(p, d)| w.fits(p, d)) || !w.holds_any_of(gpu_ids));
     }
 
-    /// Run `spec` in a warm process of `exe` with these GPUs, started if none is idle.
+    /// Run `spec` in a warm process of `exe` with these GPUs, started if none is idle. An idle
+    /// process that last ran the same stage kind goes first: what a stage keeps in its process
+    /// for the next one of its kind (an inference engine kept with `reload`, warmed kernels)
+    /// serves it there, and another process need not build it again.
     fn launch_warm(
         &mut self,
         spec: &InstanceSpec,
@@ -105,8 +108,11 @@ impl LocalExecutor {
     ) -> std::result::Result<Arc<Group>, String> {
         let devices = self.cuda_devices(gpu_ids);
         self.retire_idle_on(gpu_ids, Some((exe, &devices)));
-        if let Some(i) = self.idle.iter().position(|w| w.fits(exe, &devices)) {
-            let mut w = self.idle.swap_remove(i);
+        let fitting = |w: &&WarmProcess| w.fits(exe, &devices);
+        let same_kind = self.idle.iter().position(|w| fitting(&w) && w.last_kind.as_deref() == Some(spec.kind.as_str()));
+        if let Some(i) = same_kind.or_else(|| self.idle.iter().position(|w| fitting(&w))) {
+            let mut w = self.idle.remove(i);
+            w.last_kind = Some(spec.kind.clone());
             // A process that died while idle is replaced by a fresh one below.
             if w.assign(&spec.key, force, log.clone()).is_ok() {
                 let group = w.group.clone();
@@ -116,6 +122,7 @@ impl LocalExecutor {
         }
         let mut w = WarmProcess::start(exe, &self.store.root, devices, gpu_ids, self.tx.clone())
             .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        w.last_kind = Some(spec.kind.clone());
         w.assign_first(&spec.key, force, log);
         let group = w.group.clone();
         self.busy.insert(spec.key.clone(), w);

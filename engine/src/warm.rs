@@ -197,6 +197,8 @@ pub struct WarmProcess {
     cuda_devices: Option<String>,
     gpus: Vec<usize>,
     tx: Sender<Event>,
+    /// The stage kind of the last instance handed to it.
+    pub last_kind: Option<String>,
 }
 
 /// What the threads reading the process's output need to know.
@@ -264,7 +266,7 @@ impl WarmProcess {
         let out_group = group.clone();
         let out_tx = tx.clone();
         std::thread::spawn(move || read_reports(stdout, child, err_thread, out_shared, out_group, out_tx));
-        Ok(WarmProcess { group, requests, shared, program: program.to_path_buf(), cuda_devices, gpus: gpus.to_vec(), tx })
+        Ok(WarmProcess { group, requests, shared, program: program.to_path_buf(), cuda_devices, gpus: gpus.to_vec(), tx, last_kind: None })
     }
 
     /// Whether it runs `program` with these GPUs.
