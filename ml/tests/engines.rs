@@ -367,19 +367,38 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     let left = kept_engine_files(&recs[0], "views");
     assert!(left.is_empty(), "{left:?}");
 
-    // A stage that does not prefill the engine's samples cannot check a kept engine: refused.
-    let p = pipeline(dir.path(), &format!("{stages}{}", roll("topk", "sft", &format!("{http}, entropies = \"topk\", top_logprobs = 2"))));
-    let out = run(&store, &p, &["--until", "topk"]);
+    // Stages that keep no logprobs of their samples check a kept engine on its probe reply, in the
+    // model core they load once the engine is kept: evals over the two checkpoints through one
+    // engine equal the built-in evals.
+    let eval = |name: &str, policy: &str, extra: &str| {
+        format!("[[stage]]\nname = \"{name}\"\nuses = \"eval\"\ninputs = {{ policy = \"{policy}.model\", \"benchmarks.tg\" = \"taskgen.eval\" }}\nparams = {{ limit = 3, k = 2, max_new_tokens = 24, device = \"cpu\", threads = 1{extra} }}\n")
+    };
+    let p = pipeline(dir.path(), &format!("{stages}{}{}{}{}", eval("ev_local_a", "sft", ""), eval("ev_local_b", "sft2", ""), eval("ev_a", "sft", &http), eval("ev_b", "sft2", &http)));
+    let s = run_ok(&store, &p, &["--jobs", "1"]);
+    for (local, through) in [("ev_local_a", "ev_a"), ("ev_local_b", "ev_b")] {
+        assert_eq!(record(&store, &s, local)["outputs"]["eval"]["hash"], record(&store, &s, through)["outputs"]["eval"]["hash"], "{through}");
+    }
+    let recs = [record(&store, &s, "ev_a"), record(&store, &s, "ev_b")];
+    let kept: Vec<&Value> = recs.iter().filter(|r| r["metrics"]["engine_reused"] == Value::Bool(true)).collect();
+    assert_eq!(kept.len(), 1, "{:?}", recs.iter().map(|r| &r["metrics"]).collect::<Vec<_>>());
+    assert_eq!(kept[0]["metrics"]["engine_canary_unchanged"], Value::Bool(false), "{}", kept[0]);
+    assert!(recs.iter().all(|r| r["metrics"]["engine_probe_logprob_gap_mean"].as_f64().unwrap() < 1e-5), "{:?}", recs.iter().map(|r| &r["metrics"]).collect::<Vec<_>>());
+
+    // An engine whose probe reply is far from the model core after the load fails such a stage
+    // (the fake engine answers success to the load and samples what it always samples).
+    let p = pipeline(dir.path(), &format!("{stages}{}{}", eval("ev_fake_a", "sft", &fake_http), eval("ev_fake_b", "sft2", &fake_http)));
+    let out = run(&store, &p, &["--jobs", "1"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("stage `topk`: reload = \"sglang\" needs entropies = \"prefill\""), "{err}");
-    // Stages that keep no logprobs to check have no such param.
-    let p = pipeline(
-        dir.path(),
-        &format!("{stages}[[stage]]\nname = \"ev\"\nuses = \"eval\"\ninputs = {{ policy = \"sft.model\", \"benchmarks.tg\" = \"taskgen.eval\" }}\nparams = {{ limit = 2, max_new_tokens = 8, device = \"cpu\", threads = 1{http} }}\n"),
-    );
-    let out = run(&store, &p, &["--until", "ev"]);
+    assert!(!out.status.success() && err.contains("mean over its probe reply") && err.contains("did not take"), "{err}");
+
+    // A rollout with top-k entropies (no prefill of its samples) is checked the same way: the
+    // stale load 0.02% apart fails it.
+    let topk_http = format!("{stale_http}, entropies = \"topk\", top_logprobs = 2");
+    let nearer_topk = roll("stale_f", "sft", &topk_http).replace("policy = \"sft.model\"", &format!("policy = \"file:{}\"", nearer.display()));
+    let p = pipeline(dir.path(), &format!("{stages}{}{nearer_topk}", roll("stale_e", "sft", &topk_http)));
+    let out = run(&store, &p, &["--jobs", "1"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("unknown param for stage kind `eval`") && err.contains("reload"), "{err}");
+    assert!(!out.status.success() && err.contains("exactly as before, to the bit") && err.contains("did not take"), "{err}");
 }
 
 /// What a kept engine leaves in the system's temporary directory under its port (from the run

@@ -89,9 +89,8 @@ pub struct HttpParams {
     /// Attempts after the first for a request that failed to connect, timed out or got a 5xx.
     pub retries: u32,
     /// Keep the engine this stage started for the next stage of this process, which loads its
-    /// checkpoint into it ([`Reload`]). Not a param of every sampling stage: the stages that can
-    /// check the load (rollout, resets) read it with [`super::EngineLogprobs`] and set it here.
-    #[serde(skip)]
+    /// checkpoint into it ([`Reload`]); the load is checked against the model core
+    /// ([`super::finish_engine`]).
     pub reload: Reload,
 }
 

@@ -67,8 +67,6 @@ impl SamplerParams {
 pub struct EngineLogprobs {
     pub top_logprobs: usize,
     pub entropies: Entropies,
-    /// Keep the engine for the next stage ([`http::Reload`]); checked by `entropies = "prefill"`.
-    pub reload: http::Reload,
 }
 
 /// What samples a stage's completions (param `backend`).
@@ -499,11 +497,116 @@ pub enum Entropies {
     None,
 }
 
+/// What a stage knows of its engine before stopping it, for checking a kept engine's load
+/// ([`EngineState::check`]) once the model core is loaded.
+struct EngineState {
+    /// The engine was kept from an earlier stage.
+    kept: bool,
+    /// It will be kept for the next stage (param `reload`).
+    keeps: bool,
+    fresh_gap: Option<f64>,
+    url: String,
+    canary: Option<http::Canary>,
+    after_load: Option<http::CanaryAfterLoad>,
+}
+
+impl EngineState {
+    fn of(engine: &HttpSampler) -> EngineState {
+        EngineState {
+            kept: engine.reused,
+            keeps: engine.keeps_engine(),
+            fresh_gap: engine.fresh_gap,
+            url: engine.url().to_string(),
+            canary: engine.canary(),
+            after_load: engine.after_load.clone(),
+        }
+    }
+
+    /// With `reload`: the load checks of a kept engine, on the model core `model` of this stage's
+    /// checkpoint, and what the next stage checks against (the engine's own gap to the model
+    /// core, the canary's logprobs in the model core). `samples_gap`: the mean gap over the
+    /// stage's samples when it prefilled them; else the probe reply's gap stands for it.
+    fn check(&self, ctx: &mut StageContext, model: &DecoderLm, samples_gap: Option<(f64, f32)>) -> Result<()> {
+        if !self.keeps {
+            return Ok(());
+        }
+        let instance = ctx.instance.clone();
+        let core_of = |c: &http::Canary| -> Result<Vec<f32>> {
+            Ok(model::prefill_completion(model, &c.prompt, &c.reply.tokens, &c.sampling, 0)
+                .with_context(|| format!("stage `{instance}`: prefill of the engine's probe reply"))?
+                .logprobs)
+        };
+        let mut probe_gap = None;
+        if let Some(c) = &self.canary {
+            let core = core_of(c)?;
+            let (sum, max) = core.iter().zip(&c.reply.logprobs).map(|(a, b)| (a - b).abs()).fold((0f64, 0f32), |(s, m), d| (s + d as f64, m.max(d)));
+            probe_gap = (!core.is_empty()).then(|| (sum / core.len() as f64, max));
+            http::note_canary_core(&self.url, &c.reply.tokens, core);
+        }
+        let Some((mean, max, what)) = samples_gap.map(|(m, x)| (m, x, "its samples")).or(probe_gap.map(|(m, x)| (m, x, "its probe reply"))) else {
+            return Ok(());
+        };
+        if samples_gap.is_none() {
+            ctx.metric("engine_probe_logprob_gap_mean", mean);
+        }
+        if !self.kept {
+            http::note_fresh_gap(&self.url, mean);
+            return Ok(());
+        }
+        let limit = kept_gap_limit(self.fresh_gap);
+        ctx.metric("engine_logprob_gap_limit", limit);
+        if mean > limit {
+            http::release_parked();
+            bail!(
+                "stage `{}`: the engine kept from an earlier stage (param reload) samples with logprobs {mean:.2e} nats (mean over {what}; max {max:.3}) away from this stage's checkpoint in the model core, above the {limit:.2e} allowed ({KEPT_GAP_FACTOR}× the {} it showed when started, within [{KEPT_GAP_FLOOR}, {KEPT_GAP_MAX}]): its load of the checkpoint did not take; the engine is stopped, nothing is cached; set reload = \"none\"",
+                ctx.instance,
+                self.fresh_gap.map_or("(unmeasured)".to_string(), |g| format!("{g:.2e}"))
+            );
+        }
+        if let Some(a) = &self.after_load {
+            let before = a.before.core.as_deref().unwrap_or_default();
+            let after = core_of(&a.before)?;
+            let shift = after.iter().zip(before).map(|(x, y)| (x - y).abs() as f64).sum::<f64>() / after.len().max(1) as f64;
+            ctx.metric("engine_canary_unchanged", a.unchanged);
+            ctx.metric("engine_canary_core_shift", shift);
+            if a.unchanged && shift > CANARY_SHIFT_MIN {
+                http::release_parked();
+                bail!(
+                    "stage `{}`: the engine kept from an earlier stage (param reload) answered the earlier stage's probe ({} tokens, one seed) after loading this stage's checkpoint exactly as before, to the bit, while the model core says this checkpoint moves those tokens' logprobs by {shift:.2e} nats (mean): its load of the checkpoint did not take; the engine is stopped, nothing is cached; set reload = \"none\"",
+                    ctx.instance,
+                    a.before.reply.tokens.len()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Stops the sampler of a stage that keeps no logprobs of its samples (eval, MC continuations).
+/// With `reload`, the engine's load is checked against the model core of the checkpoint wired
+/// as the sampler's (`load_model`, loaded once the engine is kept, so the two never sample on
+/// the device at once): its probe reply's logprobs, and the earlier stage's probe sent again
+/// ([`EngineState::check`]).
+pub fn finish_engine(ctx: &mut StageContext, sampler: Sampler, load_model: impl FnOnce(&StageContext) -> Result<DecoderLm>) -> Result<()> {
+    let state = match &sampler {
+        Sampler::Http { engine, .. } => EngineState::of(engine),
+        Sampler::Local(_) => return Ok(()),
+    };
+    sampler.finish()?;
+    if state.keeps {
+        let model = load_model(ctx)?;
+        state.check(ctx, &model, None)?;
+    }
+    Ok(())
+}
+
 /// Stops the sampler and, when an engine sampled `gens` (after `prompts`), gives them entropies
 /// as `logprobs.entropies` says: `prefill` loads the policy (`load_policy`) once the engine is
 /// stopped (so the two never share the device) and records `engine_logprob_gap_max`, the largest
 /// difference between the engine's logprobs and the model core's; the metric `entropies` names
-/// the source (`topk-estimate` for estimates). The model core's own samples are left as they are.
+/// the source (`topk-estimate` for estimates). With `reload`, the engine's load is checked as
+/// [`finish_engine`] does, on all the samples' gap under `prefill`. The model core's own samples
+/// are left as they are.
 #[allow(clippy::too_many_arguments)]
 pub fn engine_entropies(
     ctx: &mut StageContext,
@@ -515,26 +618,22 @@ pub fn engine_entropies(
     logprobs: EngineLogprobs,
     name: impl Fn(usize) -> String,
 ) -> Result<()> {
-    if sampler.local().is_some() {
-        return Ok(());
-    }
-    let (kept, fresh_gap, url, canary, after_load) = match &sampler {
-        Sampler::Http { engine, .. } => {
-            let canary = engine.canary().filter(|_| engine.keeps_engine());
-            (engine.reused, engine.fresh_gap, engine.url().to_string(), canary, engine.after_load.clone())
-        }
-        Sampler::Local(_) => (false, None, String::new(), None, None),
+    let state = match &sampler {
+        Sampler::Http { engine, .. } => EngineState::of(engine),
+        Sampler::Local(_) => return Ok(()),
     };
     sampler.finish()?;
     let sampling = &p.sampling();
+    let model = if logprobs.entropies == Entropies::Prefill || state.keeps { Some(load_policy(ctx)?) } else { None };
+    let mut samples_gap = None;
     match logprobs.entropies {
         Entropies::Prefill => {
-            let model = load_policy(ctx)?;
+            let model = model.as_ref().context("the model core for the prefill")?;
             let mut gap = 0f32;
             let (mut gap_sum, mut tokens) = (0f64, 0usize);
             let mut progress = ctx.progress(gens.len() as u64, "entropies (prefill)");
             for (i, (prompt, g)) in prompts.iter().zip(gens.iter_mut()).enumerate() {
-                let f = model::prefill_completion(&model, prompt, &g.tokens, sampling, 0)
+                let f = model::prefill_completion(model, prompt, &g.tokens, sampling, 0)
                     .with_context(|| format!("stage `{}`: prefill of {}", ctx.instance, name(i)))?;
                 for d in f.logprobs.iter().zip(&g.logprobs).map(|(a, b)| (a - b).abs()) {
                     gap = gap.max(d);
@@ -549,44 +648,7 @@ pub fn engine_entropies(
             ctx.metric("engine_logprob_gap_max", gap as f64);
             let mean = gap_sum / tokens.max(1) as f64;
             ctx.metric("engine_logprob_gap_mean", mean);
-            let instance = ctx.instance.clone();
-            let core_of = |c: &http::Canary| -> Result<Vec<f32>> {
-                Ok(model::prefill_completion(&model, &c.prompt, &c.reply.tokens, &c.sampling, 0)
-                    .with_context(|| format!("stage `{instance}`: prefill of the engine's probe reply"))?
-                    .logprobs)
-            };
-            if let Some(c) = &canary {
-                http::note_canary_core(&url, &c.reply.tokens, core_of(c)?);
-            }
-            if !kept {
-                http::note_fresh_gap(&url, mean);
-            } else {
-                let limit = kept_gap_limit(fresh_gap);
-                ctx.metric("engine_logprob_gap_limit", limit);
-                if mean > limit {
-                    http::release_parked();
-                    bail!(
-                        "stage `{}`: the engine kept from an earlier stage (param reload) samples with logprobs {mean:.2e} nats (mean; max {gap:.3}) away from this stage's checkpoint in the model core, above the {limit:.2e} allowed ({KEPT_GAP_FACTOR}× the {} it showed when started, within [{KEPT_GAP_FLOOR}, {KEPT_GAP_MAX}]): its load of the checkpoint did not take; the engine is stopped, nothing is cached; set reload = \"none\"",
-                        ctx.instance,
-                        fresh_gap.map_or("(unmeasured)".to_string(), |g| format!("{g:.2e}"))
-                    );
-                }
-                if let Some(a) = &after_load {
-                    let before = a.before.core.as_deref().unwrap_or_default();
-                    let after = core_of(&a.before)?;
-                    let shift = after.iter().zip(before).map(|(x, y)| (x - y).abs() as f64).sum::<f64>() / after.len().max(1) as f64;
-                    ctx.metric("engine_canary_unchanged", a.unchanged);
-                    ctx.metric("engine_canary_core_shift", shift);
-                    if a.unchanged && shift > CANARY_SHIFT_MIN {
-                        http::release_parked();
-                        bail!(
-                            "stage `{}`: the engine kept from an earlier stage (param reload) answered the earlier stage's probe ({} tokens, one seed) after loading this stage's checkpoint exactly as before, to the bit, while the model core says this checkpoint moves those tokens' logprobs by {shift:.2e} nats (mean): its load of the checkpoint did not take; the engine is stopped, nothing is cached; set reload = \"none\"",
-                            ctx.instance,
-                            a.before.reply.tokens.len()
-                        );
-                    }
-                }
-            }
+            samples_gap = Some((mean, gap));
         }
         Entropies::Topk => {
             if logprobs.top_logprobs == 0 {
@@ -601,7 +663,10 @@ pub fn engine_entropies(
             ctx.metric("entropies", "none");
         }
     }
-    Ok(())
+    match &model {
+        Some(model) => state.check(ctx, model, samples_gap),
+        None => Ok(()),
+    }
 }
 
 /// The first `limit` prompts (0 = all) of window `batch_index`, wrapping around the set (one

@@ -14,8 +14,8 @@ pub mod score_progress;
 pub mod score_sigma;
 pub mod update;
 
-use anyhow::{bail, Context, Result};
-use crate::sampling::{http, EngineLogprobs, Entropies, Sampler, SamplerParams};
+use anyhow::{Context, Result};
+use crate::sampling::{http, EngineLogprobs, Sampler, SamplerParams};
 use rredcot::engine::{Builtin, Catalog, Runtime, StageContext};
 
 use crate::model::{self, DecoderLm, LoadOptions, Tokenizer};
@@ -95,20 +95,8 @@ fn load_policy_on(
 /// inference engine ([`crate::sampling::http`]; only the config and tokenizer are read here) that returns
 /// `logprobs.top_logprobs` logprobs per token (`None`: a stage that keeps no logprobs).
 fn load_sampler(ctx: &StageContext, name: &str, p: &SamplerParams, logprobs: Option<&EngineLogprobs>) -> Result<(Sampler, Tokenizer)> {
-    let mut engine_params: http::HttpParams = ctx.params()?;
-    engine_params.reload = logprobs.map_or(http::Reload::None, |l| l.reload);
+    let engine_params: http::HttpParams = ctx.params()?;
     let top_logprobs = logprobs.map_or(0, |l| l.top_logprobs);
-    // A kept engine's load is checked by the model core's prefill of its samples (see
-    // `engine_entropies`): vLLM 0.32's CPU build answers success and then samples from wrong
-    // weights. Without that prefill nothing would notice.
-    let checked = logprobs.is_some_and(|l| l.entropies == Entropies::Prefill);
-    if p.backend == http::Backend::Http && engine_params.reload != http::Reload::None && !checked {
-        bail!(
-            "stage `{}`: reload = {:?} needs entropies = \"prefill\": the model core's prefill of the engine's samples is what shows a kept engine loaded this stage's checkpoint; set reload = \"none\" or entropies = \"prefill\"",
-            ctx.instance,
-            format!("{:?}", engine_params.reload).to_lowercase()
-        );
-    }
     match p.backend {
         http::Backend::Local => load_policy_on(ctx, name, p.device, p.dtype).map(|(m, t)| (Sampler::Local(m), t)),
         http::Backend::Http => {

@@ -28,7 +28,7 @@ use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::math::extract;
 use serde::{Deserialize, Serialize};
 
-use crate::sampling::{row_seed, sample_seeded, split_answer, SamplerParams};
+use crate::sampling::{finish_engine, row_seed, sample_seeded, split_answer, SamplerParams};
 use crate::traces::{write_scores, TraceInputs};
 use super::{load_sampler, use_threads};
 use crate::model::FinishReason;
@@ -162,7 +162,7 @@ pub fn mc_values(ctx: &mut StageContext, sampling: &SamplerParams, p: &McParams,
     };
     let t0 = std::time::Instant::now();
     let (gens, prefilled) = sample_seeded(ctx, &sampler, &tok, &rows, sampling, "mc", name)?;
-    sampler.finish()?;
+    finish_engine(ctx, sampler, |ctx| Ok(super::load_policy_on(ctx, model_input, sampling.device, sampling.dtype)?.0))?;
     // An exit's k continuations share its prefix's prefill: positions run, not k prefixes.
     let forward_tokens = prefilled as usize + gens.iter().map(|g| g.tokens.len()).sum::<usize>();
 
