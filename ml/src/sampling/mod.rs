@@ -572,7 +572,7 @@ impl EngineState {
             if a.unchanged && shift > CANARY_SHIFT_MIN {
                 http::release_parked();
                 bail!(
-                    "stage `{}`: the engine kept from an earlier stage (param reload) answered the earlier stage's probe ({} tokens, one seed) after loading this stage's checkpoint exactly as before, to the bit, while the model core says this checkpoint moves those tokens' logprobs by {shift:.2e} nats (mean): its load of the checkpoint did not take; the engine is stopped, nothing is cached; set reload = \"none\"",
+                    "stage `{}`: the engine kept from an earlier stage (param reload) answered the earlier stage's probe ({} tokens, one seed) after loading this stage's checkpoint exactly as before, to the bit, while the model core says this checkpoint moves those tokens' logprobs by {shift:.2e} nats (mean; its logprob gap over {what}, {mean:.2e}, was within the {limit:.2e} allowed): its load of the checkpoint did not take; the engine is stopped, nothing is cached; set reload = \"none\"",
                     ctx.instance,
                     a.before.reply.tokens.len()
                 );
