@@ -515,6 +515,7 @@ fn bad_engines_are_clear_errors_with_nothing_cached_and_no_engine_left() {
         (vec![cmd("hang"), "roll.timeout_s=3.0".into(), "roll.retries=0".into()], &["/v1/completions", "probe", "failed after 1 attempt", "tim"]),
         (vec![cmd("die")], &["/v1/completions", "exited", "sample"]),
         (vec![cmd("ok"), "roll.served_model=".into(), "roll.server_command=".into(), "roll.base_url=http://127.0.0.1:9/v1".into()], &["served_model is empty"]),
+        (vec!["roll.reload=vllm".into(), "roll.base_url=http://127.0.0.1:9/v1".into()], &["reload = \"vllm\" keeps an engine the stage starts", "no server_command"]),
     ];
     for (sets, want) in &cases {
         let _ = std::fs::remove_file(&pidfile);

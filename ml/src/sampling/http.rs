@@ -95,10 +95,17 @@ pub struct HttpParams {
 }
 
 impl HttpParams {
-    /// Errors (naming `stage`) unless the timeout and the concurrency are positive.
+    /// Errors (naming `stage`) unless the timeout and the concurrency are positive, and unless a
+    /// stage that keeps its engine (`reload`) starts one.
     fn check(&self, stage: &str) -> Result<()> {
         if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) || self.concurrency == 0 {
             bail!("stage `{stage}`: timeout_s ({}) and concurrency ({}) must be positive", self.timeout_s, self.concurrency);
+        }
+        if self.reload != Reload::None && self.server_command.trim().is_empty() {
+            bail!(
+                "stage `{stage}`: reload = \"{}\" keeps an engine the stage starts, and there is no server_command: a server at base_url is not the stage's to load checkpoints into; set server_command, or reload = \"none\"",
+                format!("{:?}", self.reload).to_lowercase()
+            );
         }
         Ok(())
     }
