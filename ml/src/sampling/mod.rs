@@ -97,8 +97,10 @@ impl Sampler {
         }
     }
 
-    /// Stops an engine the stage started (an engine that died during the run is an error).
-    pub fn finish(self) -> Result<()> {
+    /// Stops an engine the stage started (an engine that died during the run is an error). Stages
+    /// end their sampler through [`finish_engine`] or [`engine_entropies`], which check a kept
+    /// engine's load; so this is not theirs to call.
+    fn finish(self) -> Result<()> {
         match self {
             Sampler::Local(_) => Ok(()),
             Sampler::Http { engine, .. } => engine.stop(),
