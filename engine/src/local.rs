@@ -108,9 +108,9 @@ impl LocalExecutor {
     ) -> std::result::Result<Arc<Group>, String> {
         let devices = self.cuda_devices(gpu_ids);
         self.retire_idle_on(gpu_ids, Some((exe, &devices)));
-        let fitting = |w: &&WarmProcess| w.fits(exe, &devices);
-        let same_kind = self.idle.iter().position(|w| fitting(&w) && w.last_kind.as_deref() == Some(spec.kind.as_str()));
-        if let Some(i) = same_kind.or_else(|| self.idle.iter().position(|w| fitting(&w))) {
+        let fits = |w: &WarmProcess| w.fits(exe, &devices);
+        let same_kind = self.idle.iter().position(|w| fits(w) && w.last_kind.as_deref() == Some(spec.kind.as_str()));
+        if let Some(i) = same_kind.or_else(|| self.idle.iter().position(fits)) {
             let mut w = self.idle.remove(i);
             w.last_kind = Some(spec.kind.clone());
             // A process that died while idle is replaced by a fresh one below.

@@ -135,19 +135,26 @@ fn take_parked(params: &HttpParams) -> Option<HttpSampler> {
 /// Records `gap` as the fresh gap ([`HttpSampler::fresh_gap`]) of the engine at `url` if this
 /// process kept it and it has none: called by the stage that started it, once it was kept.
 pub fn note_fresh_gap(url: &str, gap: f64) {
-    if let Some(parked) = PARKED.lock().ok().as_mut().and_then(|p| p.as_mut()).filter(|p| p.base == url) {
+    with_parked_at(url, |parked| {
         parked.fresh_gap.get_or_insert(gap);
-    }
+    });
 }
 
 /// Records `core`, the model core's logprobs of the kept engine's canary reply under the checkpoint
 /// it holds, if this process kept the engine at `url` and its canary replied `tokens`: called by
 /// the stage whose probe the canary is, once it was kept.
 pub fn note_canary_core(url: &str, tokens: &[i64], core: Vec<f32>) {
-    if let Some(parked) = PARKED.lock().ok().as_mut().and_then(|p| p.as_mut()).filter(|p| p.base == url) {
+    with_parked_at(url, |parked| {
         if let Some(c) = parked.canary.get_mut().ok().and_then(|c| c.as_mut()).filter(|c| c.reply.tokens == tokens) {
             c.core = Some(core);
         }
+    });
+}
+
+/// Runs `f` on the sampler this process kept, if its engine is the one at `url`.
+fn with_parked_at(url: &str, f: impl FnOnce(&mut HttpSampler)) {
+    if let Some(parked) = PARKED.lock().ok().as_mut().and_then(|p| p.as_mut()).filter(|p| p.base == url) {
+        f(parked);
     }
 }
 

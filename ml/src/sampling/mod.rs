@@ -512,16 +512,33 @@ struct EngineState {
     after_load: Option<http::CanaryAfterLoad>,
 }
 
+/// The mean and the largest |a − b| over paired logprobs; `None` when there are none.
+fn logprob_gap(a: &[f32], b: &[f32]) -> Option<(f64, f32)> {
+    let (mut sum, mut max, mut n) = (0f64, 0f32, 0usize);
+    for d in a.iter().zip(b).map(|(x, y)| (x - y).abs()) {
+        sum += d as f64;
+        max = max.max(d);
+        n += 1;
+    }
+    (n > 0).then(|| (sum / n as f64, max))
+}
+
 impl EngineState {
-    fn of(engine: &HttpSampler) -> EngineState {
-        EngineState {
-            kept: engine.reused,
-            keeps: engine.keeps_engine(),
-            fresh_gap: engine.fresh_gap,
-            url: engine.url().to_string(),
-            canary: engine.canary(),
-            after_load: engine.after_load.clone(),
-        }
+    /// Stops `sampler`; what its engine was, or `None` for the model core.
+    fn stop(sampler: Sampler) -> Result<Option<EngineState>> {
+        let state = match &sampler {
+            Sampler::Http { engine, .. } => EngineState {
+                kept: engine.reused,
+                keeps: engine.keeps_engine(),
+                fresh_gap: engine.fresh_gap,
+                url: engine.url().to_string(),
+                canary: engine.canary(),
+                after_load: engine.after_load.clone(),
+            },
+            Sampler::Local(_) => return Ok(None),
+        };
+        sampler.finish()?;
+        Ok(Some(state))
     }
 
     /// With `reload`: the load checks of a kept engine, on the model core `model` of this stage's
@@ -541,8 +558,7 @@ impl EngineState {
         let mut probe_gap = None;
         if let Some(c) = &self.canary {
             let core = core_of(c)?;
-            let (sum, max) = core.iter().zip(&c.reply.logprobs).map(|(a, b)| (a - b).abs()).fold((0f64, 0f32), |(s, m), d| (s + d as f64, m.max(d)));
-            probe_gap = (!core.is_empty()).then(|| (sum / core.len() as f64, max));
+            probe_gap = logprob_gap(&core, &c.reply.logprobs);
             http::note_canary_core(&self.url, &c.reply.tokens, core);
         }
         let Some((mean, max, what)) = samples_gap.map(|(m, x)| (m, x, "its samples")).or(probe_gap.map(|(m, x)| (m, x, "its probe reply"))) else {
@@ -566,9 +582,8 @@ impl EngineState {
             );
         }
         if let Some(a) = &self.after_load {
-            let before = a.before.core.as_deref().unwrap_or_default();
             let after = core_of(&a.before)?;
-            let shift = after.iter().zip(before).map(|(x, y)| (x - y).abs() as f64).sum::<f64>() / after.len().max(1) as f64;
+            let shift = logprob_gap(&after, a.before.core.as_deref().unwrap_or_default()).map_or(0.0, |(mean, _)| mean);
             ctx.metric("engine_canary_unchanged", a.unchanged);
             ctx.metric("engine_canary_core_shift", shift);
             if a.unchanged && shift > CANARY_SHIFT_MIN {
@@ -590,11 +605,7 @@ impl EngineState {
 /// the device at once): its probe reply's logprobs, and the earlier stage's probe sent again
 /// ([`EngineState::check`]).
 pub fn finish_engine(ctx: &mut StageContext, sampler: Sampler, load_model: impl FnOnce(&StageContext) -> Result<DecoderLm>) -> Result<()> {
-    let state = match &sampler {
-        Sampler::Http { engine, .. } => EngineState::of(engine),
-        Sampler::Local(_) => return Ok(()),
-    };
-    sampler.finish()?;
+    let Some(state) = EngineState::stop(sampler)? else { return Ok(()) };
     if state.keeps {
         let model = load_model(ctx)?;
         state.check(ctx, &model, None)?;
@@ -620,11 +631,7 @@ pub fn engine_entropies(
     logprobs: EngineLogprobs,
     name: impl Fn(usize) -> String,
 ) -> Result<()> {
-    let state = match &sampler {
-        Sampler::Http { engine, .. } => EngineState::of(engine),
-        Sampler::Local(_) => return Ok(()),
-    };
-    sampler.finish()?;
+    let Some(state) = EngineState::stop(sampler)? else { return Ok(()) };
     let sampling = &p.sampling();
     let model = if logprobs.entropies == Entropies::Prefill || state.keeps { Some(load_policy(ctx)?) } else { None };
     let mut samples_gap = None;

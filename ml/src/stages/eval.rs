@@ -12,7 +12,7 @@ use rredcot::evaluation::{summarize, Grader};
 use rredcot::prompt_text::prompt_text;
 
 use crate::sampling::{finish_engine, plan_jobs, sample_jobs, split_answer, window, OnBadPrompt, SamplerParams};
-use super::{load_policy_on, load_sampler, use_threads};
+use super::{load_sampler, model_core, use_threads};
 
 /// The stage's own params beside [`SamplerParams`] (stages/eval.toml documents them).
 #[derive(Debug, serde::Deserialize)]
@@ -68,7 +68,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             });
         }
     }
-    finish_engine(ctx, sampler, |ctx| Ok(load_policy_on(ctx, "policy", sampling.device, sampling.dtype)?.0))?;
+    finish_engine(ctx, sampler, model_core("policy", &sampling))?;
     for s in summarize(&rows, Grader::Verifier) {
         ctx.metric(&format!("avg_at_k.{}", s.benchmark), s.mean);
         ctx.metric(&format!("stderr.{}", s.benchmark), s.stderr);

@@ -90,6 +90,12 @@ fn load_policy_on(
     Ok((loaded.model, tok))
 }
 
+/// The model core over input `name` in a sampling stage's device and dtype, loaded when called:
+/// what an engine's samples and loads are checked against once the engine is stopped or kept.
+fn model_core<'a>(name: &'a str, p: &'a SamplerParams) -> impl FnOnce(&StageContext) -> Result<DecoderLm> + 'a {
+    move |ctx| Ok(load_policy_on(ctx, name, p.device, p.dtype)?.0)
+}
+
 /// The sampler of a sampling stage (param `backend`) over the checkpoint wired to input `name`,
 /// with the checkpoint's tokenizer: the model core on the stage's device in its dtype, or an
 /// inference engine ([`crate::sampling::http`]; only the config and tokenizer are read here) that returns

@@ -33,7 +33,7 @@ use serde::Serialize;
 
 use crate::sampling::{engine_entropies, row_seed, sample_seeded, split_answer, EngineLogprobs, Sampler, SamplerParams};
 use crate::traces::{Trace, TraceInputs, TraceTokens};
-use super::{load_policy_on, load_sampler, use_threads};
+use super::{load_policy_on, load_sampler, model_core, use_threads};
 use crate::traces::RESET_PREFIX_KEY;
 use crate::model::{logprob, ChatMessage, DecoderLm, Tokenizer};
 
@@ -182,7 +182,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let name = |i: usize| format!("reset {} continuation {}", resets[i / k].row.id, i % k);
     let (mut gens, prefilled) = sample_seeded(ctx, &sampler, &tok, &rows, &sampling, "continuations", name)?;
     let prompts: Vec<&[i64]> = rows.iter().map(|r| r.0).collect();
-    engine_entropies(ctx, sampler, |ctx| Ok(load_policy_on(ctx, "policy", sampling.device, sampling.dtype)?.0), &prompts, &mut gens, &sampling, logprobs, name)?;
+    engine_entropies(ctx, sampler, model_core("policy", &sampling), &prompts, &mut gens, &sampling, logprobs, name)?;
 
     let seconds = t0.elapsed().as_secs_f64();
     let localize_sequences: usize = if mode == Mode::Own { resets.iter().map(|r| r.steps).sum() } else { 0 };

@@ -25,7 +25,7 @@ use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::{Builtin, Executable, StageContext};
 
 use crate::sampling::{engine_entropies, plan_jobs, sample_jobs, split_answer, window, EngineLogprobs, OnBadPrompt, SamplerParams};
-use super::{load_policy_on, load_sampler, use_threads};
+use super::{load_sampler, model_core, use_threads};
 
 pub use crate::sampling::row_seed;
 
@@ -60,7 +60,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let jobs = plan_jobs(ctx, &prompts, &prompts_path, &tok, context, group, p.on_bad_prompt)?;
     let mut gens = sample_jobs(ctx, &sampler, &tok, &jobs, &sampling, "rollouts", p.group_requests)?;
     let prompts_ids: Vec<&[i64]> = jobs.iter().map(|j| j.ids.as_slice()).collect();
-    engine_entropies(ctx, sampler, |ctx| Ok(load_policy_on(ctx, "policy", sampling.device, sampling.dtype)?.0), &prompts_ids, &mut gens, &sampling, logprobs, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?;
+    engine_entropies(ctx, sampler, model_core("policy", &sampling), &prompts_ids, &mut gens, &sampling, logprobs, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?;
     let thinking = sampling.thinking;
     let rows: Vec<RolloutRow> = jobs
         .iter()

@@ -162,7 +162,7 @@ pub fn mc_values(ctx: &mut StageContext, sampling: &SamplerParams, p: &McParams,
     };
     let t0 = std::time::Instant::now();
     let (gens, prefilled) = sample_seeded(ctx, &sampler, &tok, &rows, sampling, "mc", name)?;
-    finish_engine(ctx, sampler, |ctx| Ok(super::load_policy_on(ctx, model_input, sampling.device, sampling.dtype)?.0))?;
+    finish_engine(ctx, sampler, super::model_core(model_input, sampling))?;
     // An exit's k continuations share its prefix's prefill: positions run, not k prefixes.
     let forward_tokens = prefilled as usize + gens.iter().map(|g| g.tokens.len()).sum::<usize>();
 
