@@ -83,9 +83,10 @@ out = {
     "walls": runs and [{st: r[st]["wall_s"] for st in ["builtin", "http", "http_prefill", "http_lockstep"]} for r in runs],
     "gpu_engine": "not measured: no GPU here (vLLM's CPU build: the vllm_cpu key, bench/engines_vllm.sh)",
 }
-# Keep what bench/engines_vllm.sh and bench/engine_reload.sh wrote (`vllm_cpu`, `reload_*`).
+# Keep every key this script does not write: bench/engines_vllm.sh's `vllm_cpu`,
+# bench/engine_reload.sh's `reload_*`, bench/engine_stale.sh's `stale_load`.
 old = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) else {}
-out.update({k: v for k, v in old.items() if k == "vllm_cpu" or k.startswith("reload_")})
+out.update({k: v for k, v in old.items() if k not in out})
 json.dump(out, open(sys.argv[2], "w"), indent=2)
 print(json.dumps(out, indent=2))
 PYEOF
