@@ -9,7 +9,11 @@
 //! `return_token_ids` (each choice's `token_ids`); streamed, those come whole in a choice's last chunk),
 //! `GET /v1/models`, `GET /version`, `GET /health`, and SGLang's `POST /update_weights_from_disk`
 //! (`model_path`: another checkpoint, loaded once no request is generating; the served name
-//! stays; what a stage whose `reload = "sglang"` calls). Both take vLLM's `ignore_eos`,
+//! stays; what a stage whose `reload = "sglang"` calls), and SGLang's `POST
+//! /release_memory_occupation` and `POST /resume_memory_occupation` (the weights dropped and the
+//! memory given back while a kept engine waits for the next step; after the resume a checkpoint
+//! must be loaded before sampling, as SGLang's weights are undefined then: what a stage whose
+//! `sleep = true` calls). Both take vLLM's `ignore_eos`,
 //! `skip_special_tokens` and `include_stop_str_in_output`; a chat also `add_generation_prompt` and
 //! `chat_template_kwargs.enable_thinking`. Responses have OpenAI's shapes; a streamed one is
 //! OpenAI's server-sent chunks ([`stream`]); a bad request gets HTTP 400 with an OpenAI-style
@@ -114,13 +118,29 @@ struct Prepared {
     output: OutputOptions,
 }
 
+/// A request that changes what the engine holds, applied in arrival order once no request
+/// generates.
+enum Admin {
+    /// `POST /update_weights_from_disk`: the checkpoint at this path.
+    Load(std::path::PathBuf),
+    /// `POST /release_memory_occupation`: drop the weights, give the memory back.
+    Release,
+    /// `POST /resume_memory_occupation`: ready to load again.
+    Resume,
+}
+
 struct State {
-    model: DecoderLm,
+    /// `None` from a release until the next checkpoint is loaded: no request is admitted then.
+    model: Option<DecoderLm>,
+    /// The loaded model's context window (still listed while the weights are released).
+    context: usize,
     tok: Tokenizer,
     /// How the model was loaded (a checkpoint loaded later is loaded the same way).
     load: LoadOptions,
-    /// A `POST /update_weights_from_disk` waiting for the requests taken before it.
-    reload: std::cell::RefCell<Option<(Incoming, std::path::PathBuf)>>,
+    /// Released and not resumed since: a load is refused until the resume, as on SGLang.
+    released: bool,
+    /// Admin requests waiting for the requests taken before them.
+    admin: std::cell::RefCell<VecDeque<(Incoming, Admin)>>,
     name: String,
     created: u64,
     max_new_tokens: usize,
@@ -134,6 +154,12 @@ fn now_s() -> u64 {
 }
 
 impl State {
+    /// The model; only called for admitted requests, and none is admitted while the weights are
+    /// released.
+    fn model(&self) -> &DecoderLm {
+        self.model.as_ref().expect("no request is admitted while the weights are released")
+    }
+
     /// Answers what needs no generation; returns the chat jobs.
     fn route(&self, mut req: Incoming) -> Option<Job> {
         let path = req.path.trim_end_matches('/').to_string();
@@ -142,7 +168,7 @@ impl State {
             (Method::GET, "/v1/models") => {
                 let body = json!({ "object": "list", "data": [
                     { "id": self.name, "object": "model", "created": self.created, "owned_by": "rredcot", "root": self.name, "parent": null,
-                      "max_model_len": self.model.cfg.max_position_embeddings }
+                      "max_model_len": self.context }
                 ]});
                 req.respond(200, &body);
             }
@@ -150,15 +176,18 @@ impl State {
             (Method::POST, "/update_weights_from_disk") => {
                 let path = req.body.as_ref().ok().and_then(|b| serde_json::from_slice::<Value>(b).ok()).and_then(|v| v.get("model_path")?.as_str().map(std::path::PathBuf::from));
                 match path {
-                    Some(path) => {
-                        if let Some((earlier, _)) = self.reload.replace(Some((req, path))) {
-                            earlier.respond(409, &json!({ "success": false, "message": "superseded by a later update_weights_from_disk" }));
-                        }
-                    }
+                    Some(path) => self.admin.borrow_mut().push_back((req, Admin::Load(path))),
                     None => req.respond(400, &json!({ "success": false, "message": "the body must be JSON with a string model_path" })),
                 }
             }
+            (Method::POST, "/release_memory_occupation") => self.admin.borrow_mut().push_back((req, Admin::Release)),
+            (Method::POST, "/resume_memory_occupation") => self.admin.borrow_mut().push_back((req, Admin::Resume)),
             (Method::GET, "/version") => req.respond(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "engine": "rredcot" })),
+            (Method::POST, "/v1/chat/completions" | "/v1/completions") if self.model.is_none() => {
+                // Not a 5xx: a client would retry it, and nothing changes until a checkpoint loads.
+                let why = if self.released { "the engine's memory is released (POST /resume_memory_occupation, then load a checkpoint)" } else { "the weights were released and no checkpoint was loaded since (POST /update_weights_from_disk)" };
+                req.respond(409, &error_body(&ApiError { status: 409, message: why.into() }));
+            }
             (Method::POST, "/v1/chat/completions" | "/v1/completions") => {
                 let started = req.received;
                 let body = match std::mem::replace(&mut req.body, Ok(Vec::new())) {
@@ -174,7 +203,7 @@ impl State {
                     Err(e) => req.respond(e.status, &error_body(&e)),
                 }
             }
-            (_, "/v1/models" | "/health" | "/version" | "/v1/chat/completions" | "/v1/completions" | "/update_weights_from_disk") => {
+            (_, "/v1/models" | "/health" | "/version" | "/v1/chat/completions" | "/v1/completions" | "/update_weights_from_disk" | "/release_memory_occupation" | "/resume_memory_occupation") => {
                 req.respond(405, &error_body(&ApiError { status: 405, message: format!("method not allowed on {path}") }))
             }
             _ => req.respond(404, &error_body(&ApiError { status: 404, message: format!("no route {path}") })),
@@ -201,7 +230,7 @@ impl State {
             PromptInput::Text(t) => self.tok.encode(&t).map_err(|e| bad(format!("tokenizing the prompt: {e}")))?,
             PromptInput::Ids(ids) => ids,
         };
-        let vocab = self.model.cfg.vocab_size;
+        let vocab = self.model().cfg.vocab_size;
         if let Some(t) = prompt.iter().chain(&c.sampling.stop_token_ids).find(|&&t| t >= vocab) {
             return Err(bad(format!("token id {t} is outside the model's vocabulary of {vocab}")));
         }
@@ -212,7 +241,7 @@ impl State {
     /// Checks the prompt against the context, clamps `max_tokens` to it and draws a seed (the
     /// output options are the defaults: the caller sets the body's).
     fn admit(&self, reply: Reply, prompt: Vec<i64>, mut sampling: SamplingParams, n: usize, seed: Option<u64>, stream: Option<StreamOptions>) -> Result<Prepared, ApiError> {
-        let context = self.model.cfg.max_position_embeddings as usize;
+        let context = self.context;
         if prompt.len() >= context {
             return Err(bad(format!("the prompt is {} tokens; the model's context is {context}", prompt.len())));
         }
@@ -351,7 +380,7 @@ impl State {
         if k == 0 {
             return Ok(vec![Vec::new(); g.tokens.len()]);
         }
-        let f = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model::prefill_completion(&self.model, prompt, &g.tokens, sampling, k)))
+        let f = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model::prefill_completion(self.model(), prompt, &g.tokens, sampling, k)))
             .map_err(|_| "the top-logprobs prefill panicked".to_string())?
             .map_err(|e| format!("the top-logprobs prefill failed: {e}"))?;
         Ok(f.top)
@@ -474,8 +503,33 @@ fn fail(job: Job, msg: &str) {
 }
 
 impl State {
+    /// Applies an admin request, answering it as SGLang does (`success` and `message`; HTTP 400
+    /// when it cannot be done).
+    fn apply(&mut self, req: Incoming, admin: Admin) {
+        let refuse = |req: Incoming, message: &str| req.respond(400, &json!({ "success": false, "message": message }));
+        match admin {
+            Admin::Load(_) if self.released => refuse(req, "the engine's memory is released: POST /resume_memory_occupation before loading a checkpoint"),
+            Admin::Load(path) => self.load_weights(req, &path),
+            Admin::Release if self.released => refuse(req, "the engine's memory is released already"),
+            Admin::Release => {
+                let bytes: i64 = self.model.take().map_or(0, |m| m.sorted_variables().iter().map(|(_, t)| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64).sum());
+                self.released = true;
+                // The freed tensors' blocks go back to the system (CPU cache) and the driver (CUDA).
+                let given_back = crate::stages::release_cached_memory();
+                tracing::info!("released the weights ({:.1} MB); cached memory given back: {given_back}", bytes as f64 / 1e6);
+                req.respond(200, &json!({ "success": true, "message": format!("released {bytes} bytes of weights") }));
+            }
+            Admin::Resume if !self.released => refuse(req, "the engine's memory is not released"),
+            Admin::Resume => {
+                self.released = false;
+                req.respond(200, &json!({ "success": true, "message": "resumed; the weights were not kept: load a checkpoint before sampling" }));
+            }
+        }
+    }
+
     /// Replaces the model with the checkpoint at `path` (and its tokenizer), answering `req` as
-    /// SGLang does; a checkpoint that fails to load leaves the old model serving.
+    /// SGLang does; a checkpoint that fails to load leaves the old model serving (or none, after
+    /// a release).
     fn load_weights(&mut self, req: Incoming, path: &std::path::Path) {
         let t0 = Instant::now();
         let loaded = model::load(path, &self.load)
@@ -483,7 +537,8 @@ impl State {
             .and_then(|l| Ok((l.model, l.tokenizer.with_context(|| format!("{}: no tokenizer.json next to the checkpoint", path.display()))?)));
         match loaded {
             Ok((model, tok)) => {
-                self.model = model;
+                self.context = model.cfg.max_position_embeddings as usize;
+                self.model = Some(model);
                 self.tok = tok;
                 tracing::info!("loaded {} in {:.2} s", path.display(), t0.elapsed().as_secs_f64());
                 req.respond(200, &json!({ "success": true, "message": format!("loaded {}", path.display()), "num_paused_requests": 0 }));
@@ -509,10 +564,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let server = Front::bind(&args.host, args.port, MAX_BODY)?;
     let addr = server.addr();
     let mut state = State {
-        model: loaded.model,
+        context: loaded.model.cfg.max_position_embeddings as usize,
+        model: Some(loaded.model),
         tok,
         load: opts,
-        reload: std::cell::RefCell::new(None),
+        released: false,
+        admin: std::cell::RefCell::new(VecDeque::new()),
         name,
         created: now_s(),
         max_new_tokens: args.max_new_tokens,
@@ -528,8 +585,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let mut queue: VecDeque<Job> = VecDeque::new();
     loop {
         if queue.is_empty() {
-            if let Some((req, path)) = state.reload.take() {
-                state.load_weights(req, &path);
+            let admin = state.admin.borrow_mut().pop_front();
+            if let Some((req, admin)) = admin {
+                state.apply(req, admin);
                 continue;
             }
             let first = server.recv()?;

@@ -401,6 +401,36 @@ fn a_kept_engine_loads_the_next_stages_checkpoint_and_samples_it() {
     assert!(!out.status.success() && err.contains("exactly as before, to the bit") && err.contains("did not take"), "{err}");
 }
 
+/// `sleep = true`: the kept engine (`rredcot serve`, SGLang's protocol) releases its weights once
+/// a stage has sampled, and the next stage resumes it and loads its checkpoint, even the one the
+/// engine held (the weights are gone: `rredcot serve` refuses to sample until a load, as SGLang's
+/// weights are undefined then). Two rollouts over one checkpoint with two seeds through one kept
+/// engine equal the built-in ones.
+#[test]
+fn a_sleeping_kept_engine_is_woken_and_loaded_before_it_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let http = format!(", backend = \"http\", server_command = \"{SERVE}\", concurrency = 4, timeout_s = 120.0, reload = \"sglang\", sleep = true");
+    let roll = |name: &str, seed: u64, extra: &str| {
+        format!("[[stage]]\nname = \"{name}\"\nuses = \"rollout\"\ninputs = {{ prompts = \"taskgen.eval\", policy = \"sft.model\" }}\nparams = {{ seed = {seed}, limit = 3, group_size = 3, max_new_tokens = 40, batch_size = 4, device = \"cpu\", threads = 1{extra} }}\n")
+    };
+    let stages = [roll("local_a", 3, ""), roll("local_b", 4, ""), roll("http_a", 3, &http), roll("http_b", 4, &http)].concat();
+    let p = pipeline(dir.path(), &stages);
+    let s = run_ok(&store, &p, &["--jobs", "1"]);
+    assert_same_rollouts(&rollouts(&store, &s, "local_a"), &rollouts(&store, &s, "http_a"), "seed 3");
+    assert_same_rollouts(&rollouts(&store, &s, "local_b"), &rollouts(&store, &s, "http_b"), "seed 4");
+    let recs = [record(&store, &s, "http_a"), record(&store, &s, "http_b")];
+    let metrics: Vec<&Value> = recs.iter().map(|r| &r["metrics"]).collect();
+    let kept: Vec<&&Value> = metrics.iter().filter(|m| m["engine_reused"] == Value::Bool(true)).collect();
+    assert_eq!(kept.len(), 1, "{metrics:?}");
+    // Both stages put the engine to sleep; the second woke it and loaded the checkpoint it held.
+    assert!(metrics.iter().all(|m| m["engine_sleep_s"].as_f64().is_some()), "{metrics:?}");
+    assert!(kept[0]["engine_reload_s"].as_f64().unwrap() > 0.0 && kept[0]["engine_wake_s"].as_f64().is_some(), "{metrics:?}");
+    assert!(kept[0]["engine_probe_logprob_gap_mean"].as_f64().is_none() && kept[0]["engine_logprob_gap_mean"].as_f64().unwrap() < 1e-5, "{metrics:?}");
+    let first = recs[0]["inputs"]["policy"]["hash"].as_str().unwrap().to_string();
+    assert!(processes_with(&format!("--model-name {first}")).is_empty(), "{:?}", processes_with(&first));
+}
+
 /// What a kept engine leaves in the system's temporary directory under its port (from the run
 /// record `rec` of a stage that used it): `rredcot-engine-{pid}-{port}.{ext}` (`log`, `views`).
 fn kept_engine_files(rec: &Value, ext: &str) -> Vec<String> {
@@ -516,6 +546,7 @@ fn bad_engines_are_clear_errors_with_nothing_cached_and_no_engine_left() {
         (vec![cmd("die")], &["/v1/completions", "exited", "sample"]),
         (vec![cmd("ok"), "roll.served_model=".into(), "roll.server_command=".into(), "roll.base_url=http://127.0.0.1:9/v1".into()], &["served_model is empty"]),
         (vec!["roll.reload=vllm".into(), "roll.base_url=http://127.0.0.1:9/v1".into()], &["reload = \"vllm\" keeps an engine the stage starts", "no server_command"]),
+        (vec![cmd("ok"), "roll.sleep=true".into()], &["sleep = true", "reload = \"none\" keeps none"]),
     ];
     for (sets, want) in &cases {
         let _ = std::fs::remove_file(&pidfile);

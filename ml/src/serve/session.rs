@@ -22,7 +22,7 @@ impl State {
     /// are each row's own, and so is the distribution on the eager steps (the CPU's); a
     /// captured CUDA-graph step samples from one.
     fn joins(&self, a: &SamplingParams, b: &SamplingParams) -> bool {
-        model::fed_rows_may_mix_distributions(self.model.device()) || model::same_distribution(a, b)
+        model::fed_rows_may_mix_distributions(self.model().device()) || model::same_distribution(a, b)
     }
 }
 
@@ -137,7 +137,7 @@ pub(super) fn run(state: &State, front: &Front, queue: &mut VecDeque<Job>) {
     drop_gone(queue);
     let Some(head) = queue.front() else { return };
     let sampling = head.sampling.clone();
-    let context = state.model.cfg.max_position_embeddings as usize;
+    let context = state.context;
     // Each job's max_new_tokens was clamped to the context its prompt leaves, so the head fits.
     let fits = queue
         .iter()
@@ -150,7 +150,7 @@ pub(super) fn run(state: &State, front: &Front, queue: &mut VecDeque<Job>) {
     let mut feed = Feed { state, front, queue, sampling: &sampling, fits, running: vec![], rows: vec![], current: None, closed: false };
     // libtorch reports some failures by panicking: a request must not take the server down.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tch::no_grad(|| model::generate_fed(&state.model, Some(&state.tok), &sampling, slots, fits, &mut feed))
+        tch::no_grad(|| model::generate_fed(state.model(), Some(&state.tok), &sampling, slots, fits, &mut feed))
     }));
     let msg = match result {
         Ok(Ok(())) => return,

