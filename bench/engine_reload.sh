@@ -7,7 +7,13 @@
 # core's prefill of the same tokens under that stage's checkpoint (an engine still sampling an
 # older checkpoint, or reusing KV blocks computed under it, shows here); and the built-in rollout
 # of the same rows, for the ratios to it. Writes the
-# `reload_<ENGINE>` key (`reload_<ENGINE>_untied` with UNTIED=1) of bench/results/engines.json.
+# `reload_<ENGINE>` key (`reload_<ENGINE>_untied` with UNTIED=1, `..._sleep` with SLEEP=1) of
+# bench/results/engines.json.
+#
+# SLEEP=1: the kept way with `sleep = true` (the engine sleeps between the stages and is woken to
+# load the next checkpoint). vLLM's CPU build refuses --enable-sleep-mode ("not supported on
+# current platform"), so there its dev-mode /sleep and /wake_up change the engine's state
+# (scheduling paused, tags asleep) and free no memory; on a GPU add --enable-sleep-mode.
 #
 # ENGINE=serve (default): `rredcot serve`, reload = "sglang" (its POST /update_weights_from_disk).
 # ENGINE=vllm: vLLM's CPU build from $VLLM_VENV (bench/engines_vllm.sh installs it), started with
@@ -70,10 +76,13 @@ PYEOF
   fi
   CKPTS+=("$dir")
 done
+SLEEP=${SLEEP:-0}
 chain() { # $1: reload, or "builtin" for the model core (no engine)
   cat "$TMP/policies.toml"
+  sleep_param=""
+  [ "$SLEEP" = 1 ] && [ "$1" != none ] && sleep_param=", sleep = true"
   for i in 1 2 3; do
-    backend=", entropies = \"prefill\", backend = \"http\", server_command = \"$CMD\", concurrency = 64, timeout_s = 600.0, reload = \"$1\""
+    backend=", entropies = \"prefill\", backend = \"http\", server_command = \"$CMD\", concurrency = 64, timeout_s = 600.0, reload = \"$1\"$sleep_param"
     [ "$1" = builtin ] && backend=""
     printf '[[stage]]\nname = "r%s"\nuses = "rollout"\n%s%s }\n' "$i" "$(echo "$ROLL" | sed "s|policy = \"sft.model\"|policy = \"file:${CKPTS[$((i - 1))]}\"|")" "$backend"
   done
@@ -89,11 +98,11 @@ KEPT_ERROR=$(grep -o "stage \`r[0-9]\`: the engine kept.*" "$TMP/kept.err" | hea
 LEFT=$(ps -eo args= | grep -E -- "--(model-name|served-model-name) |^VLLM::" | grep -cv grep || true)
 
 export LEFT KEPT_ERROR
-$PY - "$TMP/fresh.json" "$TMP/kept.json" "$STORE" bench/results/engines.json "$PROFILE" "$ENGINE" "$RELOAD" "${UNTIED:-0}" "$TMP/builtin.json" <<'PYEOF'
+$PY - "$TMP/fresh.json" "$TMP/kept.json" "$STORE" bench/results/engines.json "$PROFILE" "$ENGINE" "$RELOAD" "${UNTIED:-0}" "$TMP/builtin.json" "$SLEEP" <<'PYEOF'
 import json, os, sys
 sys.path.insert(0, "bench")
 import machine
-fresh, kept, store, out_path, profile, engine, reload, untied, builtin = sys.argv[1:]
+fresh, kept, store, out_path, profile, engine, reload, untied, builtin, sleep = sys.argv[1:]
 def stages(summary):
     s = json.load(open(summary))
     out = {}
@@ -109,16 +118,19 @@ def stages(summary):
         out[st] = {"wall_s": r["wall_s"], "engine_startup_s": m["engine_startup_s"], "engine_reused": m["engine_reused"],
                    "engine_reload_s": m["engine_reload_s"], "logprob_gap_max_vs_prefill": m["engine_logprob_gap_max"],
                    "tokens": r["counters"]["tokens_generated"], "rollouts_hash": r["outputs"]["rollouts"]["hash"]}
+        for t in ("engine_sleep_s", "engine_wake_s"):  # sleep = true
+            if t in m:
+                out[st][t[len("engine_"):]] = m[t]
         if "engine_canary_unchanged" in m:  # a kept engine's load, checked by the previous stage's probe sent again
             out[st].update({"canary_unchanged": m["engine_canary_unchanged"], "canary_core_shift": m["engine_canary_core_shift"]})
     return out
 f, k, b = stages(fresh), stages(kept), stages(builtin)
 total = lambda x: sum(v["wall_s"] for v in x.values())
-key = f"reload_{engine}" + ("_untied" if untied == "1" else "")
+key = f"reload_{engine}" + ("_untied" if untied == "1" else "") + ("_sleep" if sleep == "1" else "")
 out = json.load(open(out_path)) if os.path.exists(out_path) else {}
 out[key] = {
-    "what": "three rollouts over three checkpoints of the tiny policy (%s; 64 prompts x 8 samples <= 256 tokens, T = 1, prefill entropies), one stage at a time: the engine started and stopped by each stage (reload = \"none\") vs started once and loaded with each next checkpoint (reload = \"%s\")" % ("untied copies: lm_head.weight of its own" if untied == "1" else "tied embeddings, as bootstrap_sft writes them", reload),
-    "command": f"ENGINE={engine} UNTIED={untied} PROFILE={profile} bash bench/engine_reload.sh",
+    "what": "three rollouts over three checkpoints of the tiny policy (%s; 64 prompts x 8 samples <= 256 tokens, T = 1, prefill entropies), one stage at a time: the engine started and stopped by each stage (reload = \"none\") vs started once and loaded with each next checkpoint (reload = \"%s\"%s)" % ("untied copies: lm_head.weight of its own" if untied == "1" else "tied embeddings, as bootstrap_sft writes them", reload, ", sleep = true: put to sleep after each stage, woken before each load" if sleep == "1" else ""),
+    "command": f"ENGINE={engine} UNTIED={untied} SLEEP={sleep} PROFILE={profile} bash bench/engine_reload.sh",
     "profile": profile,
     **machine.facts(),
     "fresh_per_stage": f, "kept": k, "builtin": b,

@@ -15,6 +15,8 @@ if mode == "vllm":
     i = argv.index("--model") + 1
     argv[i] = checkpoint_of(argv[i])
 engine = subprocess.Popen(argv)
+# vllm mode: the tags asleep after `POST /sleep?level=2` (vLLM's executor keeps the same set).
+asleep = set()
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
     def reply(self, status, body):
@@ -30,6 +32,8 @@ class H(BaseHTTPRequestHandler):
         except OSError:
             self.reply(503, b'{"error": "not up"}')
     def do_GET(self):
+        if mode == "vllm" and self.path == "/is_sleeping":
+            return self.reply(200, json.dumps({"is_sleeping": bool(asleep)}).encode())
         if mode == "sglang" and self.path == "/version":
             return self.reply(404, b'{"detail": "Not Found"}')
         if mode == "sglang" and self.path == "/server_info":
@@ -54,6 +58,23 @@ class H(BaseHTTPRequestHandler):
             return self.reply(200, json.dumps({"success": True}).encode())
         if mode == "vllm" and self.path == "/reset_prefix_cache":
             return self.reply(200, b"{}")
+        # vLLM's sleep as its dev-mode routes answer (level 2: the weights and the KV cache given
+        # up; the weights woken, then loaded, then the KV cache), passed on as SGLang's release
+        # and resume; sampling while anything sleeps is refused (vLLM's scheduler is paused then).
+        if mode == "vllm" and self.path == "/sleep?level=2":
+            asleep.update({"weights", "kv_cache"})
+            self.path = "/release_memory_occupation"
+            return self.forward(b"{}")
+        if mode == "vllm" and self.path.startswith("/wake_up?tags="):
+            tag = self.path.split("=", 1)[1]
+            assert tag in asleep, (tag, asleep)
+            asleep.discard(tag)
+            if tag == "weights":
+                self.path = "/resume_memory_occupation"
+                return self.forward(b"{}")
+            return self.reply(200, json.dumps({"status": "sleeping" if asleep else "awake", "tags": [tag]}).encode())
+        if mode == "vllm" and asleep and (self.path == "/v1/completions" or (self.path == "/collective_rpc" and "weights" in asleep)):
+            return self.reply(409, json.dumps({"error": f"{self.path} while {sorted(asleep)} sleep"}).encode())
         if mode == "vllm" and self.path == "/collective_rpc":
             kwargs = json.loads(data)["kwargs"]
             assert kwargs["is_checkpoint_format"] is True

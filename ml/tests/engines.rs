@@ -429,6 +429,18 @@ fn a_sleeping_kept_engine_is_woken_and_loaded_before_it_samples() {
     assert!(kept[0]["engine_probe_logprob_gap_mean"].as_f64().is_none() && kept[0]["engine_logprob_gap_mean"].as_f64().unwrap() < 1e-5, "{metrics:?}");
     let first = recs[0]["inputs"]["policy"]["hash"].as_str().unwrap().to_string();
     assert!(processes_with(&format!("--model-name {first}")).is_empty(), "{:?}", processes_with(&first));
+
+    // vLLM's protocol (the proxy's vllm mode: `/sleep?level=2`, `/wake_up?tags=weights`, the
+    // load, `/wake_up?tags=kv_cache`, `/is_sleeping`; sampling refused while a tag sleeps): the
+    // same rollouts.
+    let vllm = format!(", backend = \"http\", server_command = \"{}\", concurrency = 4, timeout_s = 120.0, reload = \"vllm\", sleep = true", proxied_serve(dir.path(), "vllm"));
+    let p = pipeline(dir.path(), &format!("{stages}{}{}", roll("vllm_a", 3, &vllm), roll("vllm_b", 4, &vllm)));
+    let s = run_ok(&store, &p, &["--jobs", "1"]);
+    assert_same_rollouts(&rollouts(&store, &s, "local_a"), &rollouts(&store, &s, "vllm_a"), "seed 3, vLLM's protocol");
+    assert_same_rollouts(&rollouts(&store, &s, "local_b"), &rollouts(&store, &s, "vllm_b"), "seed 4, vLLM's protocol");
+    let recs = [record(&store, &s, "vllm_a"), record(&store, &s, "vllm_b")];
+    assert_eq!(recs.iter().filter(|r| r["metrics"]["engine_reused"] == Value::Bool(true)).count(), 1);
+    assert!(recs.iter().all(|r| r["metrics"]["engine_sleep_s"].as_f64().is_some()), "{:?}", recs.iter().map(|r| &r["metrics"]).collect::<Vec<_>>());
 }
 
 /// What a kept engine leaves in the system's temporary directory under its port (from the run
@@ -477,7 +489,9 @@ fn scale_final_norm(file: &Path, factor: f32) {
 /// MODE `stale`: `POST /update_weights_from_disk` is answered with success and not passed on (a
 /// load that does not take). MODE `vllm`: the engine speaks vLLM's reload protocol and insists on
 /// untied views (`--model` and each `weights_path` must be one: `tie_word_embeddings` false,
-/// `lm_head.safetensors`, linked weights), and is given the checkpoint each view links to. MODE
+/// `lm_head.safetensors`, linked weights), and is given the checkpoint each view links to; its
+/// sleep routes (`/sleep?level=2`, `/wake_up?tags=…`, `/is_sleeping`) keep vLLM's tags and pass
+/// on as SGLang's release and resume, and it refuses sampling while a tag sleeps. MODE
 /// `sglang`: the engine shows SGLang 0.5.23's face as its source reads: `owned_by = "sglang"`, no
 /// `/version` but `/server_info`, and the `n` choices of a request share one seed, so a request
 /// with `n > 1` is refused here (the client must send each row with its own seed). MODE

@@ -550,6 +550,9 @@ impl HttpSampler {
         }
         let t0 = Instant::now();
         self.post_each(&after_load, "waking the engine")?;
+        if self.asleep {
+            self.check_sleeping(false)?;
+        }
         self.wake_s += t0.elapsed().as_secs_f64();
         self.asleep = false;
         if load {
@@ -604,6 +607,20 @@ impl HttpSampler {
         Ok(())
     }
 
+    /// Where the engine says whether it sleeps (vLLM's `GET /is_sleeping`), that it does as
+    /// `expected`; SGLang has no such route (its release and resume answer success or not).
+    fn check_sleeping(&self, expected: bool) -> Result<()> {
+        if self.params.reload != Reload::Vllm {
+            return Ok(());
+        }
+        let url = format!("{}/is_sleeping", self.base.trim_end_matches("/v1"));
+        let sleeping = self.get_json(&url).with_context(|| format!("stage `{}`: after {} the engine", self.stage, if expected { "putting it to sleep" } else { "waking it" }))?.get("is_sleeping").and_then(Value::as_bool);
+        if sleeping != Some(expected) {
+            bail!("stage `{}`: GET {url} says is_sleeping = {sleeping:?} after the engine was {}{}", self.stage, if expected { "put to sleep" } else { "woken (weights, load, KV cache)" }, self.engine_note());
+        }
+        Ok(())
+    }
+
     /// Puts the kept engine to sleep ([`Reload::sleep`]); returns the seconds it took.
     fn fall_asleep(&mut self) -> Result<f64> {
         let t0 = Instant::now();
@@ -613,6 +630,7 @@ impl HttpSampler {
             _ => " (SGLang needs --enable-memory-saver)",
         };
         self.post_each(&self.params.reload.sleep(&root), &format!("putting the kept engine to sleep (param sleep){flags}"))?;
+        self.check_sleeping(true)?;
         self.asleep = true;
         Ok(t0.elapsed().as_secs_f64())
     }
