@@ -512,12 +512,18 @@ impl State {
             Admin::Load(path) => self.load_weights(req, &path),
             Admin::Release if self.released => refuse(req, "the engine's memory is released already"),
             Admin::Release => {
+                // The CUDA caching allocator's reserved bytes before and after (`None` on the CPU or
+                // in a build without the CUDA shim), so a client can see what went back.
+                let on_cuda = self.model.as_ref().is_some_and(|m| m.device().is_cuda());
+                let reserved = || if on_cuda { model::cuda_graph::memory_reserved() } else { None };
+                let before = reserved();
                 let bytes: i64 = self.model.take().map_or(0, |m| m.sorted_variables().iter().map(|(_, t)| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64).sum());
                 self.released = true;
                 // The freed tensors' blocks go back to the system (CPU cache) and the driver (CUDA).
                 let given_back = crate::stages::release_cached_memory();
-                tracing::info!("released the weights ({:.1} MB); cached memory given back: {given_back}", bytes as f64 / 1e6);
-                req.respond(200, &json!({ "success": true, "message": format!("released {bytes} bytes of weights") }));
+                let after = reserved();
+                tracing::info!("released the weights ({:.1} MB); cached memory given back: {given_back}; CUDA reserved {before:?} -> {after:?}", bytes as f64 / 1e6);
+                req.respond(200, &json!({ "success": true, "message": format!("released {bytes} bytes of weights"), "weight_bytes": bytes, "cuda_memory_reserved_before": before, "cuda_memory_reserved_after": after }));
             }
             Admin::Resume if !self.released => refuse(req, "the engine's memory is not released"),
             Admin::Resume => {

@@ -5,10 +5,8 @@
 //! runs the same ensemble in the worker — with greedy decoding it gets the same replies as the
 //! server.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use rredcot::artifact::rows::{EvalRow, PromptRow};
@@ -17,23 +15,7 @@ use rredcot::judge::http::{ChatClient, ChatRequest, HttpConfig, Stats};
 use serde_json::{json, Value};
 
 mod common;
-use common::{instance, record, repo, smollm2_gguf, venv_python, world_front};
-
-fn worker() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
-}
-
-/// `rredcot` when it was built next to the worker (`make test` builds every binary first; then
-/// `rredcot serve` hands over to the worker), else the worker itself (same CLI).
-fn serve_binary() -> PathBuf {
-    let light = worker().with_file_name("rredcot");
-    if light.is_file() {
-        light
-    } else {
-        eprintln!("note: {} not built; serving with rredcot-worker directly", light.display());
-        worker()
-    }
-}
+use common::{exchange, instance, raw, record, repo, serve, serve_with, smollm2_gguf, venv_python, worker, world_front};
 
 const TASKGEN: &str = "n_train = 300, n_eval = 20, max_steps = 2";
 // 200 steps: in the thinking default world a 40-step model answers only newlines, and the judge test needs text.
@@ -56,64 +38,6 @@ fn run(store: &Path, pipeline: &Path, args: &[&str]) -> Value {
     let out = Command::new(worker()).arg("--store").arg(store).args(["pipeline", "run"]).arg(pipeline).arg("--json").args(args).output().unwrap();
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The server process; killed on drop.
-struct Served {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(model: &Path, name: &str) -> Served {
-    serve_with(&["--model-name", name, "--model", model.to_str().unwrap()])
-}
-
-/// `serve --port 0` on the CPU with `args` naming the model.
-fn serve_with(args: &[&str]) -> Served {
-    let mut child = Command::new(serve_binary())
-        .args(["serve", "--port", "0", "--device", "cpu", "--threads", "1", "--max-new-tokens", "32"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let line = rx.recv_timeout(Duration::from_secs(120)).expect("serve prints its address");
-    let url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap_or_else(|| panic!("no URL in {line:?}")).to_string();
-    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/v1"), "loopback by default: {line}");
-    Served { child, url }
-}
-
-/// A raw HTTP/1.1 exchange: status, head and body as sent.
-fn exchange(url: &str, method: &str, path: &str, body: &str) -> (u16, String, String) {
-    let addr = url.trim_start_matches("http://").trim_end_matches("/v1");
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    (status, head.to_string(), body.to_string())
-}
-
-/// A raw HTTP/1.1 exchange (status, JSON body).
-fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let (status, _, body) = exchange(url, method, path, body);
-    (status, serde_json::from_str(&body).unwrap())
 }
 
 /// A raw HTTP/1.1 exchange whose answer is server-sent events: status and each event's data, in

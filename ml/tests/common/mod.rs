@@ -4,7 +4,11 @@
 //! the tiny configuration of `pipelines/incremental-rescore.toml` and reading a run's records and
 //! artifacts back from the store.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -90,4 +94,84 @@ pub fn output(store: &Path, summary: &Value, stage: &str, name: &str) -> PathBuf
 /// Every row of a free-form `table` artifact (e.g. score_mc's `completions`, reset's `resets`).
 pub fn table<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
     serde_arrow::from_record_batch(&rredcot::artifact::read_batches(path).unwrap()).unwrap()
+}
+
+/// The ML worker binary.
+pub fn worker() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rredcot-worker"))
+}
+
+/// `rredcot` when it was built next to the worker (`make test` builds every binary first; then
+/// `rredcot serve` hands over to the worker), else the worker itself (same CLI).
+pub fn serve_binary() -> PathBuf {
+    let light = worker().with_file_name("rredcot");
+    if light.is_file() {
+        light
+    } else {
+        eprintln!("note: {} not built; serving with rredcot-worker directly", light.display());
+        worker()
+    }
+}
+
+/// The server process; killed on drop.
+pub struct Served {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn serve(model: &Path, name: &str) -> Served {
+    serve_with(&["--model-name", name, "--model", model.to_str().unwrap()])
+}
+
+/// `serve --port 0` on the CPU with `args` naming the model.
+pub fn serve_with(args: &[&str]) -> Served {
+    serve_on("cpu", args)
+}
+
+/// `serve --port 0` on `device` with `args` naming the model; waits for its address.
+pub fn serve_on(device: &str, args: &[&str]) -> Served {
+    let mut child = Command::new(serve_binary())
+        .args(["serve", "--port", "0", "--device", device, "--threads", "1", "--max-new-tokens", "32"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx.recv_timeout(Duration::from_secs(120)).expect("serve prints its address");
+    let url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap_or_else(|| panic!("no URL in {line:?}")).to_string();
+    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/v1"), "loopback by default: {line}");
+    Served { child, url }
+}
+
+/// A raw HTTP/1.1 exchange: status, head and body as sent.
+pub fn exchange(url: &str, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    let addr = url.trim_start_matches("http://").trim_end_matches("/v1");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (status, head.to_string(), body.to_string())
+}
+
+/// A raw HTTP/1.1 exchange (status, JSON body).
+pub fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let (status, _, body) = exchange(url, method, path, body);
+    (status, serde_json::from_str(&body).unwrap())
 }
