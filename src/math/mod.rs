@@ -117,7 +117,18 @@ fn read_as_written(norm: &str) -> Option<Read> {
 /// strings. (A clock time is [`clock_answer`]'s.)
 fn word_answer(text: &str) -> Option<Read> {
     let norm = normalize::normalize(text);
-    let words: Vec<&str> = norm.split_whitespace().collect();
+    // A list of such answers (`Softball, Kickball, Picnic`) is read item by item, in its order.
+    let items: Option<Vec<String>> = norm.split(',').map(words_answer).collect();
+    items.map(|items| Read {
+        norm: items.join(", "),
+        value: None,
+        word: true,
+    })
+}
+
+/// One item of [`word_answer`]: its words, lowercase, one space apart.
+fn words_answer(item: &str) -> Option<String> {
+    let words: Vec<&str> = item.split_whitespace().collect();
     let is_word = |w: &str| {
         w.len() >= 2
             && w.chars().all(|c| c.is_ascii_alphabetic())
@@ -128,25 +139,23 @@ fn word_answer(text: &str) -> Option<Read> {
     let ok = !words.is_empty()
         && words.len() <= 3
         && (0..words.len()).all(|k| is_word(words[k]) || number_after_word(k));
-    ok.then(|| Read {
-        norm: words.join(" ").to_lowercase(),
-        value: None,
-        word: true,
-    })
+    ok.then(|| words.join(" ").to_lowercase())
 }
 
 /// A time of day with its half (`1:03 PM`, `\text{4:30 p.m.}`, `11:00\,\text{am}`), read as words
 /// `4:30 pm`. Without `am`/`pm`, `4:30` stays a ratio, as math-verify reads it.
 fn clock_answer(text: &str) -> Option<Read> {
     let mut plain = text.to_ascii_lowercase();
-    for markup in ["\\text", "\\mathrm", "\\,", "\\ ", "{", "}", "$", ".", " "] {
+    for markup in ["\\text", "\\mathrm", "\\,", "\\!", "\\ ", "{", "}", "$", ".", " "] {
         plain = plain.replace(markup, "");
     }
     let half = ["am", "pm"].into_iter().find(|half| plain.ends_with(half))?;
-    let (h, m) = plain[..plain.len() - 2].split_once(':')?;
+    let (h, minutes) = plain[..plain.len() - 2].split_once(':')?;
+    // Seconds too: `4:51:06 p.m.`.
+    let (m, sec) = minutes.split_once(':').map_or((minutes, None), |(m, s)| (m, Some(s)));
     let digits = |s: &str, n: std::ops::RangeInclusive<usize>| n.contains(&s.len()) && s.bytes().all(|c| c.is_ascii_digit());
-    (digits(h, 1..=2) && digits(m, 2..=2)).then(|| Read {
-        norm: format!("{h}:{m} {half}"),
+    (digits(h, 1..=2) && digits(m, 2..=2) && sec.is_none_or(|s| digits(s, 2..=2))).then(|| Read {
+        norm: sec.map_or_else(|| format!("{h}:{m} {half}"), |s| format!("{h}:{m}:{s} {half}")),
         value: None,
         word: true,
     })
@@ -361,6 +370,26 @@ pub fn states_answer(gold: &str, text: &str) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Golds of MATH's train split that did not read before (the `filter` stage dropped them as
+    /// unparseable): with an approximation, a seconds clock, a base after text, a list of words,
+    /// a matrix with a `\phantom` placeholder.
+    #[test]
+    fn golds_with_approximations_phantoms_seconds_and_word_lists_read() {
+        assert!(verify(r"\approx 8.24 \text{ mph}", "8.24") && !verify(r"\approx 8.24 \text{ mph}", "8.25"));
+        // The first form, as math-verify reads it: the exact value, not its rounding.
+        assert!(verify(r"\$\dfrac23 \approx \$0.67", r"\frac{2}{3}") && !verify(r"\$\dfrac23 \approx \$0.67", "0.67"));
+        assert!(verify(r"4\!:\!51\!:\!06 \text{ p.m.}", r"\text{4:51:06 p.m.}"));
+        assert!(!verify(r"4\!:\!51\!:\!06 \text{ p.m.}", r"\text{4:51:07 p.m.}") && !verify(r"4\!:\!51\!:\!06 \text{ p.m.}", r"\text{4:51 p.m.}"));
+        assert!(verify(r"\text{A5}_{11}", "A5_{11}") && !verify(r"\text{A5}_{11}", "A6_{11}"));
+        let words = r"\text{Softball, Kickball, Picnic}";
+        assert!(verify(words, r"\text{softball, kickball, picnic}") && !verify(words, r"\text{Softball, Picnic}"));
+        let phantom = r"\begin{pmatrix} 1 & -1 \\ 1 & \phantom -1 \end{pmatrix}";
+        assert!(verify(phantom, r"\begin{pmatrix} 1 & -1 \\ 1 & 1 \end{pmatrix}"));
+        assert!(!verify(phantom, r"\begin{pmatrix} 1 & -1 \\ 1 & -1 \end{pmatrix}"));
+        assert_eq!(normalize::normalize(r"\phantom{0}7 + \hphantom{x}1"), "7 + 1");
+    }
+
 
     #[test]
     fn verify_compares_answer_strings() {

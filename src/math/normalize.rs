@@ -41,7 +41,7 @@ const DROP: &[&str] = &[
 
 /// Normalize one answer (the content of a box, or a matched LaTeX/number span).
 pub fn normalize(answer: &str) -> String {
-    let mut s = matrices(&answer.replace(['\n', '\t'], " "));
+    let mut s = matrices(&drop_phantoms(&answer.replace(['\n', '\t'], " ")));
     for cmd in ["\\dfrac", "\\tfrac", "\\cfrac"] {
         s = s.replace(cmd, "\\frac");
     }
@@ -68,8 +68,11 @@ pub fn normalize(answer: &str) -> String {
     s = strip_trailing_text(&s);
     s = strip_trailing_units(&s);
     s = unwrap_text(&s);
+    // A base after text (`\text{A5}_{11}`) once the text is unwrapped.
+    s = drop_base_subscripts(&s);
     s = s.replace("infinity", "\\infty");
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let s = first_of_approximations(&s);
     let s = join_alternatives(&s);
     let s = strip_membership(s.trim());
     let s = s.trim().trim_end_matches(['.', ',']).trim();
@@ -160,6 +163,39 @@ fn drop_base_subscripts(s: &str) -> String {
         let c = s[i..].chars().next().unwrap_or(' ');
         out.push(c);
         i += c.len_utf8();
+    }
+    out
+}
+
+/// `\approx 8.24` -> `8.24`; `\frac23 \approx 0.67` -> `\frac23`: an answer given with its
+/// approximation is its first form, as math-verify reads it.
+fn first_of_approximations(s: &str) -> String {
+    let s = s.replace('≈', "\\approx");
+    let mut parts = s.split("\\approx").map(str::trim);
+    let first = parts.next().unwrap_or_default();
+    match (first.is_empty(), parts.next()) {
+        (_, None) => s.trim().to_string(),
+        (false, Some(_)) => first.to_string(),
+        (true, Some(second)) => second.to_string(),
+    }
+}
+
+/// `\phantom -1` -> `1`, `\phantom{0}7` -> `7`: an invisible placeholder (its argument, a group
+/// or one character, only takes room) is not part of the answer.
+fn drop_phantoms(s: &str) -> String {
+    let mut out = s.to_string();
+    for cmd in ["\\hphantom", "\\vphantom", "\\phantom"] {
+        while let Some(i) = out.find(cmd) {
+            let rest = &out[i + cmd.len()..];
+            let arg = rest.trim_start();
+            let skipped = rest.len() - arg.len();
+            let arg_len = if arg.starts_with('{') {
+                closing_brace(arg.char_indices()).map_or(arg.len(), |k| k + 1)
+            } else {
+                arg.chars().next().map_or(0, char::len_utf8)
+            };
+            out.replace_range(i..i + cmd.len() + skipped + arg_len, "");
+        }
     }
     out
 }
