@@ -500,7 +500,8 @@ const PROXY: &str = include_str!("engine_proxy.py");
 
 /// A fake engine: `python3 fake.py PORT MODE MODEL PIDFILE`. MODE: ok, text (no token ids), fewer
 /// (one choice short), hang (completions never answer), die (exits on the first sampling request,
-/// the third completion request after the probe's two), model (lists another model).
+/// the third completion request after the probe's two), model (lists another model). In every
+/// mode it answers a load with success and refuses a release (as SGLang without its memory saver).
 const FAKE: &str = r#"
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -524,6 +525,8 @@ class H(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/update_weights_from_disk":
             return self.reply({"success": True, "message": "(not really)"})
+        if self.path == "/release_memory_occupation":
+            return self.reply({"success": False, "message": "started without --enable-memory-saver"}, 400)
         calls[0] += 1
         if mode == "hang":
             time.sleep(3600)
@@ -561,6 +564,7 @@ fn bad_engines_are_clear_errors_with_nothing_cached_and_no_engine_left() {
         (vec![cmd("ok"), "roll.served_model=".into(), "roll.server_command=".into(), "roll.base_url=http://127.0.0.1:9/v1".into()], &["served_model is empty"]),
         (vec!["roll.reload=vllm".into(), "roll.base_url=http://127.0.0.1:9/v1".into()], &["reload = \"vllm\" keeps an engine the stage starts", "no server_command"]),
         (vec![cmd("ok"), "roll.sleep=true".into()], &["sleep = true", "reload = \"none\" keeps none"]),
+        (vec![cmd("ok"), "roll.reload=sglang".into(), "roll.sleep=true".into()], &["putting the kept engine to sleep", "/release_memory_occupation", "HTTP 400", "started without --enable-memory-saver"]),
     ];
     for (sets, want) in &cases {
         let _ = std::fs::remove_file(&pidfile);
