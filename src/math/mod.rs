@@ -846,9 +846,18 @@ mod tests {
         assert!(verify("x < 3", "2x < 6"));
         assert!(verify("\\frac{x}{2} \\geq \\frac{1}{3}", "[\\frac{2}{3}, \\infty)"));
         assert!(verify("x^2 + 1 > 0", "(-\\infty, \\infty)"));
-        // Degree 3 and other functions are not solved (math-verify solves `x^3 < 8`).
-        assert!(!verify("x^3 < 8", "(-\\infty, 2)"));
-        assert!(parse_gold("\\sin x > 0").is_err());
+        // Degree 3 and 4, with the cases math-verify 0.9.0 was run on (its verdicts the same): roots
+        // that touch zero without crossing, pieces joined through a root when equality counts.
+        assert!(verify("x^3 < 8", "(-\\infty, 2)") && !verify("x^3 < 8", "(-\\infty, 2]"));
+        assert!(verify("(x-1)^2(x+2) \\le 0", "(-\\infty, -2] \\cup \\{1\\}"));
+        assert!(!verify("(x-1)^2(x+2) \\le 0", "(-\\infty, -2]"));
+        assert!(verify("(x-1)^2(x+2) < 0", "(-\\infty, -2)"));
+        assert!(verify("x^4 > 16", "(-\\infty, -2) \\cup (2, \\infty)"));
+        assert!(verify("x^3 - x \\ge 0", "[-1, 0] \\cup [1, \\infty)") && !verify("x^3 - x \\ge 0", "[-1, 0] \\cup (1, \\infty)"));
+        assert!(verify("x^3 - 2 < 0", "(-\\infty, \\sqrt[3]{2})"));
+        // Everywhere true (math-verify says no to this one, as to `x^2 + 1 > 0`).
+        assert!(verify("x^4 + 1 > 0", "(-\\infty, \\infty)"));
+        assert!(parse_gold("\\sin x > 0").is_err() && parse_gold("x^5 < 1").is_err());
     }
 
     #[test]

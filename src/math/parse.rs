@@ -1154,8 +1154,9 @@ fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseErro
 /// The set where `lhs < rhs` (`less`; else `lhs > rhs`; `strict` or with equality) holds, for
 /// sides whose difference is a polynomial of degree 1 or 2 in one unknown: `b^2 + 2b - 15 \le 0`
 /// is `[-5, 3]`, `x^2 > 4` is `(-\infty, -2) \cup (2, \infty)`. The coefficients come from values
-/// at three points, checked at two more (anything else, `\sin x > 0` or `x^3 < 1`, is `None`).
-/// Roots that are fractions of denominator up to 100 are exact.
+/// at three points, checked at two more; a difference of degree 3 or 4 goes to
+/// [`higher_degree_inequality`] (anything else, `\sin x > 0`, is `None`). Roots that are fractions
+/// of denominator up to 100 are exact.
 fn polynomial_inequality(lhs: &str, rhs: &str, less: bool, strict: bool) -> Option<Answer> {
     let vars = variables_of(&[lhs, rhs]);
     let [v] = vars.as_slice() else { return None };
@@ -1171,19 +1172,10 @@ fn polynomial_inequality(lhs: &str, rhs: &str, less: bool, strict: bool) -> Opti
     let (a, b, c) = ((f1 + fm1) / 2.0 - f0, (f1 - fm1) / 2.0, f0);
     let fits = |x: f64| f(x).is_some_and(|y| (y - (a * x * x + b * x + c)).abs() <= 1e-9 * (1.0 + y.abs()));
     if !fits(2.0) || !fits(-3.5) {
-        return None;
+        return higher_degree_inequality(&f, less, strict);
     }
-    let exact = |r: f64| -> Num {
-        (1..=100i128)
-            .find_map(|d| {
-                let n = (r * d as f64).round();
-                ((r * d as f64 - n).abs() < 1e-9 * d as f64).then(|| Rational::new(n as i128, d)).flatten()
-            })
-            .map_or(Num::approx(r), |q| Num::rational(q, if q.is_integer() { Kind::Integer } else { Kind::Fraction }))
-    };
     let inf = f64::INFINITY;
-    let end = |x: f64| if x.is_infinite() { Num::approx(x) } else { exact(x) };
-    let span = |lo: f64, hi: f64, lo_open: bool, hi_open: bool| interval(end(lo), end(hi), lo_open, hi_open);
+    let span = |lo: f64, hi: f64, lo_open: bool, hi_open: bool| interval(root_end(lo), root_end(hi), lo_open, hi_open);
     let tiny = 1e-12 * (1.0 + b.abs() + c.abs());
     if a.abs() <= tiny {
         // b v + c < 0 (or > 0): one ray; no unknown left (b = 0) is no inequality in it.
@@ -1210,6 +1202,134 @@ fn polynomial_inequality(lhs: &str, rhs: &str, less: bool, strict: bool) -> Opti
     } else {
         Answer::Set(vec![span(-inf, r1, true, strict), span(r2, inf, strict, true)])
     })
+}
+
+/// An end of a solution set: exact when it is a fraction of denominator up to 100, an infinity, or
+/// else approximate.
+fn root_end(r: f64) -> Num {
+    if r.is_infinite() {
+        return Num::approx(r);
+    }
+    (1..=100i128)
+        .find_map(|d| {
+            let n = (r * d as f64).round();
+            ((r * d as f64 - n).abs() < 1e-9 * d as f64).then(|| Rational::new(n as i128, d)).flatten()
+        })
+        .map_or(Num::approx(r), |q| Num::rational(q, if q.is_integer() { Kind::Integer } else { Kind::Fraction }))
+}
+
+/// [`polynomial_inequality`] for a difference `f` of degree 3 or 4 (`x^3 < 8` is `(-\infty, 2)`):
+/// its coefficients from values at five points, checked at two more; its real roots
+/// ([`real_roots`]) cut the line, and the pieces where `f` has the asked sign are joined through
+/// the roots when equality counts (`(x-1)^2(x+2) \le 0` is `(-\infty, -2] \cup \{1\}`).
+fn higher_degree_inequality(f: &dyn Fn(f64) -> Option<f64>, less: bool, strict: bool) -> Option<Answer> {
+    const XS: [f64; 5] = [0.0, 1.0, -1.0, 2.0, -2.0];
+    // Solve the Vandermonde system for c0 + c1 x + … + c4 x^4 (Gaussian elimination, pivoting).
+    let mut m: Vec<[f64; 6]> = Vec::with_capacity(5);
+    for &x in &XS {
+        let y = f(x)?;
+        m.push([1.0, x, x * x, x.powi(3), x.powi(4), y]);
+    }
+    for col in 0..5 {
+        let pivot = (col..5).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
+        m.swap(col, pivot);
+        let pivot_row = m[col];
+        for (_, r) in m.iter_mut().enumerate().filter(|(row, _)| *row != col) {
+            let k = r[col] / pivot_row[col];
+            for (x, p) in r[col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= k * p;
+            }
+        }
+    }
+    let mut c: Vec<f64> = (0..5).map(|i| m[i][5] / m[i][i]).collect();
+    let poly = |c: &[f64], x: f64| c.iter().rev().fold(0.0, |acc, &a| acc * x + a);
+    let fits = |x: f64| f(x).is_some_and(|y| (y - poly(&c, x)).abs() <= 1e-9 * (1.0 + y.abs()));
+    if !fits(3.0) || !fits(-3.5) {
+        return None;
+    }
+    let scale = c.iter().fold(0.0f64, |m, a| m.max(a.abs()));
+    while c.len() > 1 && c.last().is_some_and(|a| a.abs() <= 1e-12 * scale) {
+        c.pop();
+    }
+    if c.len() < 4 {
+        return None;
+    }
+    let roots = real_roots(&c);
+    // The atoms of the line in order: the open piece before each root, the root, the last piece.
+    let inf = f64::INFINITY;
+    let wanted = |x: f64| if less { poly(&c, x) < 0.0 } else { poly(&c, x) > 0.0 };
+    let mut atoms: Vec<(f64, f64, bool)> = Vec::new(); // (lo, hi, included); lo == hi for a root
+    for (i, &r) in roots.iter().enumerate() {
+        let lo = if i == 0 { -inf } else { roots[i - 1] };
+        let probe = if i == 0 { r - 1.0 } else { (lo + r) / 2.0 };
+        atoms.push((lo, r, wanted(probe)));
+        atoms.push((r, r, !strict));
+    }
+    let last = roots.last().copied().unwrap_or(-inf);
+    atoms.push((last, inf, wanted(if last.is_infinite() { 0.0 } else { last + 1.0 })));
+    // Runs of included atoms: a run opens at a root it holds (closed) or after one (open).
+    let mut pieces = Vec::new();
+    let mut run: Option<(f64, bool)> = None;
+    for (k, &(lo, hi, included)) in atoms.iter().enumerate() {
+        let is_root = k % 2 == 1 && k + 1 < atoms.len();
+        if included && run.is_none() {
+            run = Some((lo, !is_root));
+        }
+        let next_included = atoms.get(k + 1).is_some_and(|a| a.2);
+        if let Some((start, start_open)) = run.filter(|_| included && !next_included) {
+            // A root alone (`(x-1)^2 \le 0` at 1) is a point of the set.
+            pieces.push(if start == hi { Answer::Number(root_end(hi)) } else { interval(root_end(start), root_end(hi), start_open, !is_root) });
+            run = None;
+        }
+    }
+    match pieces.len() {
+        0 => None,
+        1 => pieces.pop(),
+        _ => Some(Answer::Set(pieces)),
+    }
+}
+
+/// The real roots of `c[0] + c[1] x + … + c[n] x^n` (`c[n]` nonzero), ascending, once each: the
+/// critical points (the derivative's roots) cut the line into monotone pieces, each crossing zero
+/// at most once (found by bisection); a critical point where the value is zero is a root that
+/// touches zero without crossing.
+fn real_roots(c: &[f64]) -> Vec<f64> {
+    let n = c.len() - 1;
+    match n {
+        0 => return vec![],
+        1 => return vec![-c[0] / c[1]],
+        _ => {}
+    }
+    let eval = |x: f64| c.iter().rev().fold(0.0, |acc, &a| acc * x + a);
+    let derivative: Vec<f64> = (1..=n).map(|k| k as f64 * c[k]).collect();
+    let critical = real_roots(&derivative);
+    // Every root lies within Cauchy's bound.
+    let bound = 1.0 + c[..n].iter().map(|a| (a / c[n]).abs()).fold(0.0, f64::max);
+    let scale = c.iter().fold(0.0f64, |m, a| m.max(a.abs()));
+    let zero = |x: f64| eval(x).abs() <= 1e-9 * scale * (1.0 + x.abs()).powi(n as i32);
+    let mut edges = vec![-bound];
+    edges.extend(critical.iter().copied().filter(|x| x.abs() < bound));
+    edges.push(bound);
+    let mut roots: Vec<f64> = critical.iter().copied().filter(|&x| zero(x)).collect();
+    for w in edges.windows(2) {
+        let (mut lo, mut hi) = (w[0], w[1]);
+        let (flo, fhi) = (eval(lo), eval(hi));
+        if zero(lo) || zero(hi) || flo.signum() == fhi.signum() {
+            continue;
+        }
+        for _ in 0..200 {
+            let mid = (lo + hi) / 2.0;
+            if eval(mid).signum() == flo.signum() {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        roots.push((lo + hi) / 2.0);
+    }
+    roots.sort_by(f64::total_cmp);
+    roots.dedup_by(|a, b| (*a - *b).abs() <= 1e-9 * (1.0 + b.abs()));
+    roots
 }
 
 /// Whether `normalized` is an inequality (a top-level `<`, `>`, `\le`, `\ge`; see
