@@ -1242,8 +1242,7 @@ fn higher_degree_inequality(f: &dyn Fn(f64) -> Option<f64>, less: bool, strict: 
         }
     }
     let mut c: Vec<f64> = (0..5).map(|i| m[i][5] / m[i][i]).collect();
-    let poly = |c: &[f64], x: f64| c.iter().rev().fold(0.0, |acc, &a| acc * x + a);
-    let fits = |x: f64| f(x).is_some_and(|y| (y - poly(&c, x)).abs() <= 1e-9 * (1.0 + y.abs()));
+    let fits = |x: f64| f(x).is_some_and(|y| (y - horner(&c, x)).abs() <= 1e-9 * (1.0 + y.abs()));
     if !fits(3.0) || !fits(-3.5) {
         return None;
     }
@@ -1257,7 +1256,7 @@ fn higher_degree_inequality(f: &dyn Fn(f64) -> Option<f64>, less: bool, strict: 
     let roots = real_roots(&c);
     // The atoms of the line in order: the open piece before each root, the root, the last piece.
     let inf = f64::INFINITY;
-    let wanted = |x: f64| if less { poly(&c, x) < 0.0 } else { poly(&c, x) > 0.0 };
+    let wanted = |x: f64| if less { horner(&c, x) < 0.0 } else { horner(&c, x) > 0.0 };
     let mut atoms: Vec<(f64, f64, bool)> = Vec::new(); // (lo, hi, included); lo == hi for a root
     for (i, &r) in roots.iter().enumerate() {
         let lo = if i == 0 { -inf } else { roots[i - 1] };
@@ -1289,6 +1288,11 @@ fn higher_degree_inequality(f: &dyn Fn(f64) -> Option<f64>, less: bool, strict: 
     }
 }
 
+/// The value of `c[0] + c[1] x + … + c[n] x^n` at `x` (Horner's rule).
+fn horner(c: &[f64], x: f64) -> f64 {
+    c.iter().rev().fold(0.0, |acc, &a| acc * x + a)
+}
+
 /// The real roots of `c[0] + c[1] x + … + c[n] x^n` (`c[n]` nonzero), ascending, once each: the
 /// critical points (the derivative's roots) cut the line into monotone pieces, each crossing zero
 /// at most once (found by bisection); a critical point where the value is zero is a root that
@@ -1300,7 +1304,7 @@ fn real_roots(c: &[f64]) -> Vec<f64> {
         1 => return vec![-c[0] / c[1]],
         _ => {}
     }
-    let eval = |x: f64| c.iter().rev().fold(0.0, |acc, &a| acc * x + a);
+    let eval = |x: f64| horner(c, x);
     let derivative: Vec<f64> = (1..=n).map(|k| k as f64 * c[k]).collect();
     let critical = real_roots(&derivative);
     // Every root lies within Cauchy's bound.

@@ -506,7 +506,7 @@ impl HttpSampler {
         };
         s.model = entry.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
         s.engine = entry.get("owned_by").and_then(Value::as_str).unwrap_or("unknown").to_string();
-        let root = s.base.trim_end_matches("/v1");
+        let root = s.root();
         // vLLM and `rredcot serve` answer `/version`; SGLang says it in `/server_info`.
         s.engine_version = ["version", "server_info"]
             .iter()
@@ -528,8 +528,7 @@ impl HttpSampler {
         self.requests = AtomicI64::new(0);
         self.retried = AtomicI64::new(0);
         self.wait_ready()?;
-        let root = self.base.trim_end_matches("/v1").to_string();
-        let (before_load, after_load) = if self.asleep { self.params.reload.wake(&root) } else { (vec![], vec![]) };
+        let (before_load, after_load) = if self.asleep { self.params.reload.wake(self.root()) } else { (vec![], vec![]) };
         let t0 = Instant::now();
         self.post_each(&before_load, "waking the engine")?;
         self.wake_s = t0.elapsed().as_secs_f64();
@@ -579,7 +578,7 @@ impl HttpSampler {
     /// Loads the checkpoint at `path` into the running engine ([`Reload`]); an engine that says
     /// it failed, or answers with anything but success, is an error (it may hold either).
     fn load_checkpoint(&self, path: &Path) -> Result<()> {
-        let root = self.base.trim_end_matches("/v1");
+        let root = self.root();
         let calls = match self.params.reload {
             Reload::None => vec![],
             Reload::Sglang => vec![(format!("{root}/update_weights_from_disk"), json!({ "model_path": path }))],
@@ -613,7 +612,7 @@ impl HttpSampler {
         if self.params.reload != Reload::Vllm {
             return Ok(());
         }
-        let url = format!("{}/is_sleeping", self.base.trim_end_matches("/v1"));
+        let url = format!("{}/is_sleeping", self.root());
         let sleeping = self.get_json(&url).with_context(|| format!("stage `{}`: after {} the engine", self.stage, if expected { "putting it to sleep" } else { "waking it" }))?.get("is_sleeping").and_then(Value::as_bool);
         if sleeping != Some(expected) {
             bail!("stage `{}`: GET {url} says is_sleeping = {sleeping:?} after the engine was {}{}", self.stage, if expected { "put to sleep" } else { "woken (weights, load, KV cache)" }, self.engine_note());
@@ -624,12 +623,11 @@ impl HttpSampler {
     /// Puts the kept engine to sleep ([`Reload::sleep`]); returns the seconds it took.
     fn fall_asleep(&mut self) -> Result<f64> {
         let t0 = Instant::now();
-        let root = self.base.trim_end_matches("/v1").to_string();
         let flags = match self.params.reload {
             Reload::Vllm => " (vLLM needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1)",
             _ => " (SGLang needs --enable-memory-saver)",
         };
-        self.post_each(&self.params.reload.sleep(&root), &format!("putting the kept engine to sleep (param sleep){flags}"))?;
+        self.post_each(&self.params.reload.sleep(self.root()), &format!("putting the kept engine to sleep (param sleep){flags}"))?;
         self.check_sleeping(true)?;
         self.asleep = true;
         Ok(t0.elapsed().as_secs_f64())
@@ -645,6 +643,11 @@ impl HttpSampler {
     /// The endpoint base (`…/v1`).
     pub fn url(&self) -> &str {
         &self.base
+    }
+
+    /// The server's address without `/v1`, where the engines' own routes are (loads, sleep).
+    fn root(&self) -> &str {
+        self.base.trim_end_matches("/v1")
     }
 
     /// The model id the engine serves the policy as.
