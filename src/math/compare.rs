@@ -61,6 +61,9 @@ pub fn answers_match(gold: &Answer, pred: &Answer) -> bool {
                 all_match(items, &pair)
             }
         }
+        (Answer::Relation { diff: g, strict: gs }, Answer::Relation { diff: p, strict: ps }) => {
+            gs == ps && numbers_match(g, p)
+        }
         (Answer::Tuple(g), Answer::Tuple(p)) => all_match(g, p),
         (Answer::Tuple(g), Answer::Set(p)) => all_match(g, &dedup(p)),
         (Answer::Set(g), Answer::Set(p) | Answer::Tuple(p)) => sets_match(g, p),
@@ -90,6 +93,7 @@ fn sort_key(a: &Answer) -> f64 {
         Answer::Number(n) => n.resolved().approx,
         Answer::Interval { lo, .. } => lo.approx,
         Answer::Tuple(v) | Answer::Set(v) => v.first().map_or(f64::NEG_INFINITY, sort_key),
+        Answer::Relation { diff, .. } => diff.approx,
     }
 }
 

@@ -73,6 +73,7 @@ fn undefined(a: &Answer) -> bool {
         Answer::Number(n) => nan(n),
         Answer::Interval { lo, hi, .. } => nan(lo) || nan(hi),
         Answer::Tuple(items) | Answer::Set(items) => items.iter().any(undefined),
+        Answer::Relation { diff, .. } => nan(diff),
     }
 }
 
@@ -857,7 +858,44 @@ mod tests {
         assert!(verify("x^3 - 2 < 0", "(-\\infty, \\sqrt[3]{2})"));
         // Everywhere true (math-verify says no to this one, as to `x^2 + 1 > 0`).
         assert!(verify("x^4 + 1 > 0", "(-\\infty, \\infty)"));
-        assert!(parse_gold("\\sin x > 0").is_err() && parse_gold("x^5 < 1").is_err());
+        // Degree 5 to 8 (math-verify 0.9.0's verdicts the same, but for `x < 1`: it compares two
+        // relations by their sides, not by their sets).
+        assert!(verify("x^5 < 1", "(-\\infty, 1)") && verify("x^5 < 1", "x < 1"));
+        assert!(verify("x^5 - x > 0", "(-1, 0) \\cup (1, \\infty)"));
+        assert!(verify("x^6 \\ge 64", "(-\\infty, -2] \\cup [2, \\infty)"));
+        assert!(!verify("x^6 \\ge 64", "[2, \\infty)"));
+        assert!(verify("x^5 - 5x^3 + 4x < 0", "(-\\infty,-2)\\cup(-1,0)\\cup(1,2)"));
+        assert!(!verify("x^5 - 5x^3 + 4x < 0", "(-\\infty,-2)\\cup(-1,0)\\cup(1,2]"));
+        assert!(verify("x^8 \\le 256", "[-2, 2]"));
+        // A set needs its bounds: no polynomial of degree 8 or less, no set.
+        assert!(parse_gold("\\sin x > 0").is_err() && parse_gold("x^9 < 1").is_err());
+    }
+
+    #[test]
+    fn inequalities_in_several_variables_are_relations() {
+        // As math-verify 0.9.0 reads them (each verdict checked against it): the same relation,
+        // the flipped one, or the sides moved to one side.
+        assert!(verify("s^2 \\le 8r^2", "s^2 \\le 8 r^2"));
+        assert!(verify("s^2 \\le 8r^2", "8r^2 \\ge s^2"));
+        assert!(verify("s^2 \\le 8r^2", "s^2 - 8r^2 \\le 0"));
+        assert!(!verify("s^2 \\le 8r^2", "s^2 < 8r^2"));
+        assert!(!verify("s^2 \\le 8r^2", "s^2 \\ge 8r^2"));
+        assert!(verify("x + y > 3", "y > 3 - x"));
+        assert!(verify("x > y", "y < x") && !verify("x > y", "x < y"));
+        assert!(!verify("x < 2a", "(-\\infty, 2a)"));
+        // A scaled relation is another difference (math-verify: no too).
+        assert!(!verify("s^2 \\le 8r^2", "r^2 \\ge \\frac{s^2}{8}"));
+        // One unknown, no polynomial: a relation too.
+        assert!(verify("\\sin x > 0", "0 < \\sin x") && !verify("\\sin x > 0", "\\sin x < 0"));
+        // A chain holds all its relations, in any order (math-verify compares them in order and
+        // says no to the reversed chain: a deliberate difference).
+        assert!(verify("a < x < b", "b > x > a") && !verify("a < x < b", "a < x \\le b"));
+        assert!(!verify("a < x < b", "(a, b)"));
+        // An unknown that is a function's value counts as its argument: still a set.
+        assert!(verify("0<f(x)<1", "(0,1)"));
+        // Read from a response with its marker; unanchored it stays a condition, not the answer.
+        assert!(verify_response("s^2 \\le 8r^2", "So the condition is $\\boxed{8r^2 \\ge s^2}$.").correct);
+        assert!(!verify_response("s^2 \\le 8r^2", "So the condition is $\\boxed{s^2 \\ge 8r^2}$.").correct);
     }
 
     #[test]

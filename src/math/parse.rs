@@ -82,6 +82,11 @@ pub enum Answer {
     Tuple(Vec<Answer>),
     /// Unordered: `\{a, b\}` or a bare `a, b`.
     Set(Vec<Answer>),
+    /// A relation that is no set of one unknown (`s^2 \le 8r^2`, `x + y > 3`, `\sin x > 0`) at
+    /// one point of its variables: `diff` is the smaller side minus the larger one, so that it
+    /// reads `diff < 0` (`strict`) or `diff \le 0`. Relations are equal where their differences
+    /// are: `a \le b` is `b \ge a` and `a - b \le 0`, as math-verify compares them.
+    Relation { diff: Num, strict: bool },
 }
 
 /// Why an answer string could not be parsed.
@@ -1114,6 +1119,24 @@ fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseErro
         input: s.to_string(),
         symbol: "inequality".to_string(),
     };
+    // Relations, where the variables take the values of `env`: an inequality in two or more
+    // variables (`x > y` is `y < x`, not a ray of x), or one that is no polynomial of its unknown.
+    let relations = || -> Result<Answer, ParseError> {
+        env.ok_or_else(err)?;
+        let mut out = Vec::with_capacity(rels.len());
+        for (w, &(less, strict)) in parts.windows(2).zip(&rels) {
+            let (a, b) = (number(w[0]).ok_or_else(err)?, number(w[1]).ok_or_else(err)?);
+            out.push(Answer::Relation {
+                diff: if less { a - b } else { b - a },
+                strict,
+            });
+        }
+        // A chain holds all its relations, in any order (`a < x < b` is `b > x > a`).
+        Ok(if out.len() == 1 { out.remove(0) } else { Answer::Set(out) })
+    };
+    if inequality_variables(&parts) > 1 {
+        return Some(relations());
+    }
     // (lo, hi, lo open, hi open) of the unknown side, and that side.
     let (lo, hi, lo_open, hi_open, unknown) = match (parts.as_slice(), rels.as_slice()) {
         ([a, m, c], [(l1, s1), (l2, s2)]) if l1 == l2 && free(m) => {
@@ -1129,7 +1152,7 @@ fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseErro
             (_, _, Some(a), true) if *less => (a, inf, *strict, true, *c),
             (_, _, Some(a), true) => (-inf, a, true, *strict, *c),
             // `b^2 + 2b - 15 \le 0`, `3x + 2 > 2x + 5`: polynomials of one unknown.
-            _ => return Some(polynomial_inequality(a, c, *less, *strict).ok_or_else(err)),
+            _ => return Some(polynomial_inequality(a, c, *less, *strict).map_or_else(relations, Ok)),
         },
         _ => return Some(Err(err())),
     };
@@ -1154,7 +1177,7 @@ fn inequality_set(s: &str, env: Option<&Env>) -> Option<Result<Answer, ParseErro
 /// The set where `lhs < rhs` (`less`; else `lhs > rhs`; `strict` or with equality) holds, for
 /// sides whose difference is a polynomial of degree 1 or 2 in one unknown: `b^2 + 2b - 15 \le 0`
 /// is `[-5, 3]`, `x^2 > 4` is `(-\infty, -2) \cup (2, \infty)`. The coefficients come from values
-/// at three points, checked at two more; a difference of degree 3 or 4 goes to
+/// at three points, checked at two more; a difference of degree 3 to 8 goes to
 /// [`higher_degree_inequality`] (anything else, `\sin x > 0`, is `None`). Roots that are fractions
 /// of denominator up to 100 are exact.
 fn polynomial_inequality(lhs: &str, rhs: &str, less: bool, strict: bool) -> Option<Answer> {
@@ -1218,20 +1241,27 @@ fn root_end(r: f64) -> Num {
         .map_or(Num::approx(r), |q| Num::rational(q, if q.is_integer() { Kind::Integer } else { Kind::Fraction }))
 }
 
-/// [`polynomial_inequality`] for a difference `f` of degree 3 or 4 (`x^3 < 8` is `(-\infty, 2)`):
-/// its coefficients from values at five points, checked at two more; its real roots
-/// ([`real_roots`]) cut the line, and the pieces where `f` has the asked sign are joined through
-/// the roots when equality counts (`(x-1)^2(x+2) \le 0` is `(-\infty, -2] \cup \{1\}`).
+/// [`polynomial_inequality`] for a difference `f` of degree 3 to [`MAX_DEGREE`] (`x^3 < 8` is
+/// `(-\infty, 2)`): its coefficients from values at `MAX_DEGREE + 1` points, checked at two more;
+/// its real roots ([`real_roots`]) cut the line, and the pieces where `f` has the asked sign are
+/// joined through the roots when equality counts (`(x-1)^2(x+2) \le 0` is
+/// `(-\infty, -2] \cup \{1\}`).
 fn higher_degree_inequality(f: &dyn Fn(f64) -> Option<f64>, less: bool, strict: bool) -> Option<Answer> {
-    const XS: [f64; 5] = [0.0, 1.0, -1.0, 2.0, -2.0];
-    // Solve the Vandermonde system for c0 + c1 x + … + c4 x^4 (Gaussian elimination, pivoting).
-    let mut m: Vec<[f64; 6]> = Vec::with_capacity(5);
+    // Points in [-2, 2], where a Vandermonde system of this size is still well conditioned.
+    const XS: [f64; MAX_DEGREE + 1] = [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 1.5, -1.5];
+    const N: usize = MAX_DEGREE + 1;
+    // Solve the Vandermonde system for c0 + c1 x + … + c8 x^8 (Gaussian elimination, pivoting).
+    let mut m: Vec<[f64; N + 1]> = Vec::with_capacity(N);
     for &x in &XS {
-        let y = f(x)?;
-        m.push([1.0, x, x * x, x.powi(3), x.powi(4), y]);
+        let mut row = [0.0; N + 1];
+        for (k, r) in row[..N].iter_mut().enumerate() {
+            *r = x.powi(k as i32);
+        }
+        row[N] = f(x)?;
+        m.push(row);
     }
-    for col in 0..5 {
-        let pivot = (col..5).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
+    for col in 0..N {
+        let pivot = (col..N).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
         m.swap(col, pivot);
         let pivot_row = m[col];
         for (_, r) in m.iter_mut().enumerate().filter(|(row, _)| *row != col) {
@@ -1241,7 +1271,7 @@ fn higher_degree_inequality(f: &dyn Fn(f64) -> Option<f64>, less: bool, strict: 
             }
         }
     }
-    let mut c: Vec<f64> = (0..5).map(|i| m[i][5] / m[i][i]).collect();
+    let mut c: Vec<f64> = (0..N).map(|i| m[i][N] / m[i][i]).collect();
     let fits = |x: f64| f(x).is_some_and(|y| (y - horner(&c, x)).abs() <= 1e-9 * (1.0 + y.abs()));
     if !fits(3.0) || !fits(-3.5) {
         return None;
@@ -1287,6 +1317,9 @@ fn higher_degree_inequality(f: &dyn Fn(f64) -> Option<f64>, less: bool, strict: 
         _ => Some(Answer::Set(pieces)),
     }
 }
+
+/// The highest degree of a polynomial inequality that is solved for its unknown.
+const MAX_DEGREE: usize = 8;
 
 /// The value of `c[0] + c[1] x + … + c[n] x^n` at `x` (Horner's rule).
 fn horner(c: &[f64], x: f64) -> f64 {
@@ -1340,6 +1373,25 @@ fn real_roots(c: &[f64]) -> Vec<f64> {
 /// [`inequality_set`]).
 pub fn is_inequality(normalized: &str) -> bool {
     inequality_set(normalized.trim(), None).is_some()
+}
+
+/// How many variables the sides of an inequality name, an unknown that is a function's value
+/// (`f(x)`, `f(2)`) counting as its argument's.
+fn inequality_variables(parts: &[&str]) -> usize {
+    let mut names: Vec<String> = Vec::new();
+    for part in parts {
+        let t = part.trim();
+        let argument = t
+            .find('(')
+            .filter(|_| is_unknown(t) && t.ends_with(')'))
+            .map(|i| &t[i + 1..t.len() - 1]);
+        for v in variables(argument.unwrap_or(t)) {
+            if !names.contains(&v) {
+                names.push(v);
+            }
+        }
+    }
+    names.len()
 }
 
 /// One unknown: a variable (`a`, `x_{1}`, `\theta`), a function of one (`f(x)`), or the absolute

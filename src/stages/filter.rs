@@ -123,7 +123,7 @@ pub(crate) struct FilterParams {
     max_tokens: usize,
 }
 
-pub const STAGE: Builtin = Builtin { name: "filter", version: "7", runs_in: Executable::Engine, run };
+pub const STAGE: Builtin = Builtin { name: "filter", version: "8", runs_in: Executable::Engine, run };
 
 /// Stage `filter` (whitespace lengths) and `filter_tokens` (input `tokenizer`): input and output
 /// `prompts`.

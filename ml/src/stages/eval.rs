@@ -24,7 +24,7 @@ struct EvalParams {
     on_bad_prompt: OnBadPrompt,
 }
 
-pub const STAGE: Builtin = Builtin { name: "eval", version: "9", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "eval", version: "10", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, p): (SamplerParams, EvalParams) = (ctx.params()?, ctx.params()?);

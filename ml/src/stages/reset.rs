@@ -111,7 +111,7 @@ struct Reset {
     row: PromptRow,
 }
 
-pub const STAGE: Builtin = Builtin { name: "reset", version: "10", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "reset", version: "11", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);

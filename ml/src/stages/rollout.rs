@@ -41,7 +41,7 @@ struct RolloutParams {
     group_requests: bool,
 }
 
-pub const STAGE: Builtin = Builtin { name: "rollout", version: "9", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "rollout", version: "10", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);

@@ -118,7 +118,7 @@ struct Exit {
     text: String,
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_mc", version: "11", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_mc", version: "12", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, mc): (SamplerParams, McParams) = (ctx.params()?, ctx.params()?);

@@ -51,7 +51,7 @@ fn prefill_values(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &
     Ok(Attribution { values, credit: Some(credit), sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_progress", version: "10", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_progress", version: "11", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (s, mc, p): (SamplerParams, McParams, ProgressParams) = (ctx.params()?, ctx.params()?, ctx.params()?);
