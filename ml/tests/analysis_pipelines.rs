@@ -70,6 +70,7 @@ struct Corr {
     pos_lo: f64,
     spearman: f64,
     pearson: f64,
+    spearman_p: f64,
     n: i64,
 }
 
@@ -80,7 +81,7 @@ fn fig4_correlations_match_a_recomputation_and_rerun_cached() {
     let sets = ["mc5.k=2", "mc5.max_new_tokens=24", "mc20.k=4", "mc20.max_new_tokens=24"];
     let s = run_ok(&store, "pipelines/analysis-fig4.toml", &sets);
     let report = output(&store, &s, "analysis", "report");
-    for f in ["results.md", "correlations.csv", "correlations.parquet", "fig4_by_position.png", "fig4_by_position.svg", "fig4_from_right.png", "fig4_from_right.svg"] {
+    for f in ["results.md", "correlations.csv", "correlations.parquet", "fig4_by_position.png", "fig4_by_position.svg", "fig4_from_right.png", "fig4_from_right.svg", "fig4_from_right_log_p.png"] {
         assert!(report.join(f).is_file(), "missing {f}");
     }
     assert!(!report.join("truncation.csv").exists() && !report.join("mc_sd.csv").exists());
@@ -94,10 +95,9 @@ fn fig4_correlations_match_a_recomputation_and_rerun_cached() {
     let mut defined = 0;
     for method in ["sigma", "mc5", "loo", "grad", "progress"] {
         let mine = scores(method);
-        let of = |view: &str| rows.iter().filter(|r| r.method == method && r.view == view).collect::<Vec<_>>();
+        let of = |view: &str| rows.iter().filter(|r| r.method == method && r.reference == "mc20" && r.view == view).collect::<Vec<_>>();
         let (bins, right, per_trace) = (of("bin"), of("from_right"), of("per_trace"));
         assert_eq!((bins.len(), right.len(), per_trace.len()), (5, 5, 1), "{method}");
-        assert!(rows.iter().all(|r| r.reference == "mc20"));
         assert_eq!(bins.iter().map(|r| r.n).sum::<i64>(), segments as i64, "{method}: every segment in one bin");
         // The whole trace (from_right, f = 1) pooled over traces, and the per-trace mean.
         let (mut a, mut b, mut rhos) = (Vec::new(), Vec::new(), Vec::new());
@@ -117,12 +117,29 @@ fn fig4_correlations_match_a_recomputation_and_rerun_cached() {
         assert!(same(per_trace[0].spearman, mean) && per_trace[0].n == rhos.len() as i64, "{method}: {:?} vs {mean}", per_trace[0]);
         for r in bins.iter().chain(&right) {
             assert!(r.spearman.is_nan() || (-1.0..=1.0).contains(&r.spearman), "{r:?}");
+            // A p-value wherever ρ is defined on 3 pairs or more (tests/correlation_parity.rs
+            // checks its value against scipy).
+            assert_eq!(r.spearman_p.is_nan(), r.spearman.is_nan() || r.n < 3, "{r:?}");
+            assert!(r.spearman_p.is_nan() || (0.0..=1.0).contains(&r.spearman_p), "{r:?}");
             defined += !r.spearman.is_nan() as usize;
         }
     }
     assert!(defined > 0, "some windows have varying σ on both sides: {rows:?}");
+    // pairs = "all": the methods against each other too, each pair once (the paper's gradient
+    // attribution against LOO), on the same traces.
+    let (grad, loo) = (scores("grad"), scores("loo"));
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for want in &reference {
+        let find = |rows: &[ScoreRow]| rows.iter().find(|m| m.prompt_id == want.prompt_id && m.sample_idx == want.sample_idx).unwrap().sigma.clone();
+        a.extend(find(&grad));
+        b.extend(find(&loo));
+    }
+    let whole = rows.iter().find(|r| (r.method.as_str(), r.reference.as_str(), r.view.as_str(), r.pos_lo) == ("grad", "loo", "from_right", 0.0)).expect("grad against loo");
+    assert!(same(whole.spearman, spearman(&a, &b)) && whole.n == segments as i64, "{whole:?}");
+    assert!(!rows.iter().any(|r| r.method == "loo" && r.reference == "grad"), "each pair once");
+    assert_eq!(rows.len(), (5 + 10) * (5 + 5 + 1), "5 methods against mc20, then their 10 pairs");
     let rec = record(&store, &s, "analysis");
-    assert_eq!(rec["counters"]["figures"].as_i64(), Some(4));
+    assert_eq!(rec["counters"]["figures"].as_i64(), Some(6));
 
     // A rerun is fully cached; a forced rerun of the analysis reproduces its output.
     let again = run_ok(&store, "pipelines/analysis-fig4.toml", &sets);

@@ -10,14 +10,16 @@
 //!
 //! Window membership is decided in integers, so no segment lands in a window by rounding. σ sums to 1
 //! within a trace, so a pooled window mixes the scales of traces of different T; `per_trace` does
-//! not.
+//! not. A pooled window's coefficients carry their p-values (the paper plots log p beside ρ); these
+//! treat the pairs as independent, which segments of one trace are not, so they overstate the
+//! evidence. A mean over traces has none.
 
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use super::stats::{pearson, spearman};
+use super::stats::{correlation_p_value, pearson, spearman};
 use crate::artifact::rows::ScoreRow;
 
 /// One row of the `correlations` table. Undefined coefficients (a window with < 2 pairs, or one
@@ -32,6 +34,10 @@ pub struct CorrelationRow {
     pub pos_hi: f64,
     pub spearman: f64,
     pub pearson: f64,
+    /// Two-sided p-values of `spearman` and `pearson` ([`correlation_p_value`]); NaN for
+    /// `per_trace` and where the coefficient is undefined.
+    pub spearman_p: f64,
+    pub pearson_p: f64,
     /// Pairs (segments) pooled, or traces averaged for `per_trace`.
     pub n: i64,
 }
@@ -78,14 +84,17 @@ fn in_last(t: usize, total: usize, j: usize, bins: usize) -> bool {
 }
 
 fn row(method: &str, reference: &str, view: &str, lo: f64, hi: f64, a: &[f64], b: &[f64]) -> CorrelationRow {
+    let (rho, r) = (spearman(a, b).unwrap_or(f64::NAN), pearson(a, b).unwrap_or(f64::NAN));
     CorrelationRow {
         method: method.into(),
         reference: reference.into(),
         view: view.into(),
         pos_lo: lo,
         pos_hi: hi,
-        spearman: spearman(a, b).unwrap_or(f64::NAN),
-        pearson: pearson(a, b).unwrap_or(f64::NAN),
+        spearman: rho,
+        pearson: r,
+        spearman_p: correlation_p_value(rho, a.len()),
+        pearson_p: correlation_p_value(r, a.len()),
         n: a.len() as i64,
     }
 }
@@ -125,6 +134,8 @@ pub fn correlate(method: &str, reference: &str, sigma: &[&[f64]], reference_sigm
         pos_hi: 1.0,
         spearman: mean(&rho),
         pearson: mean(&r),
+        spearman_p: f64::NAN,
+        pearson_p: f64::NAN,
         n: rho.len() as i64,
     });
     out
@@ -194,6 +205,9 @@ mod tests {
         let bins = view(&rows, "bin");
         assert!((bins[0].spearman - 0.8).abs() < 1e-12, "{:?}", bins[0]);
         assert!((bins[1].spearman + 1.0).abs() < 1e-12, "{:?}", bins[1]);
+        // ρ = 0.8 of 4 pairs: p = 0.2 (t = 0.8·√(2/0.36), 2 degrees of freedom); ρ = −1: p ≈ 0.
+        assert!((bins[0].spearman_p - 0.2).abs() < 1e-9 && bins[1].spearman_p < 1e-12, "{bins:?}");
+        assert!(view(&rows, "per_trace")[0].spearman_p.is_nan(), "a mean over traces has no p-value");
         let last_half = view(&rows, "from_right")[0];
         assert_eq!((last_half.pos_lo, last_half.spearman, last_half.n), (0.5, bins[1].spearman, 4), "the last half is the second bin");
     }

@@ -47,6 +47,8 @@ pub enum Cell {
     Text(String),
     Int(i64),
     Num(f64),
+    /// A number shown in Markdown with two significant digits and its exponent (a p-value).
+    Sci(f64),
 }
 
 /// Writes `<name>.parquet` and `<name>.csv` into `dir` and returns the Markdown table.
@@ -61,8 +63,8 @@ pub fn write_table<T: Serialize>(dir: &Path, name: &str, rows: &[T], header: &[&
             .map(|c| match c {
                 Cell::Text(s) => csv_field(s),
                 Cell::Int(i) => i.to_string(),
-                Cell::Num(x) if x.is_nan() => String::new(),
-                Cell::Num(x) => x.to_string(),
+                Cell::Num(x) | Cell::Sci(x) if x.is_nan() => String::new(),
+                Cell::Num(x) | Cell::Sci(x) => x.to_string(),
             })
             .collect();
         let m: Vec<String> = cs
@@ -70,8 +72,9 @@ pub fn write_table<T: Serialize>(dir: &Path, name: &str, rows: &[T], header: &[&
             .map(|c| match c {
                 Cell::Text(s) => s.clone(),
                 Cell::Int(i) => i.to_string(),
-                Cell::Num(x) if x.is_nan() => "–".into(),
+                Cell::Num(x) | Cell::Sci(x) if x.is_nan() => "–".into(),
                 Cell::Num(x) => format!("{x:.3}"),
+                Cell::Sci(x) => format!("{x:.1e}"),
             })
             .collect();
         csv += &(c.join(",") + "\n");

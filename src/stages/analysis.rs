@@ -34,11 +34,21 @@ struct AnalysisParams {
     /// Fig. 4: the method σ is correlated with, and the position bins along the trace.
     reference: String,
     bins: usize,
+    /// Fig. 4: `reference` (every method against the reference) or `all` (and every other pair
+    /// of methods too: the paper's gradient attribution against LOO).
+    pairs: Pairs,
     /// Fig. 7: the SD line drawn.
     sd_threshold: f64,
 }
 
-/// Fig. 4: `correlations` table and the two line charts, or the line saying why it was skipped.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Pairs {
+    Reference,
+    All,
+}
+
+/// Fig. 4: `correlations` table and the three line charts, or the line saying why it was skipped.
 fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String, figures: &mut Vec<PathBuf>) -> Result<()> {
     let (reference, bins) = (p.reference.as_str(), p.bins);
     let scores: Vec<(String, PathBuf)> = members(ctx, "scores").into_iter().map(|(l, p)| (l.to_string(), p.to_path_buf())).collect();
@@ -60,10 +70,23 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     }
     let ref_sigma: Vec<&[f64]> = refs.iter().map(|r| r.sigma.as_slice()).collect();
     let mut rows: Vec<CorrelationRow> = Vec::new();
+    // Every method's σ in the reference's trace order, so that any two can be paired.
+    let mut methods: Vec<(&str, Vec<ScoreRow>)> = Vec::new();
     for (label, path) in scores.iter().filter(|(l, _)| *l != reference) {
-        let mine: Vec<ScoreRow> = read_rows(path, Schema::Scores)?;
-        let sigma = correlation::align(&format!("scores.{label}"), &mine, &format!("scores.{reference}"), &refs)?;
+        methods.push((label.as_str(), read_rows(path, Schema::Scores)?));
+    }
+    let mut aligned: Vec<(&str, Vec<&[f64]>)> = Vec::new();
+    for (label, mine) in &methods {
+        let sigma = correlation::align(&format!("scores.{label}"), mine, &format!("scores.{reference}"), &refs)?;
         rows.extend(correlation::correlate(label, reference, &sigma, &ref_sigma, bins));
+        aligned.push((label, sigma));
+    }
+    if p.pairs == Pairs::All {
+        for (i, (a, sigma_a)) in aligned.iter().enumerate() {
+            for (b, sigma_b) in &aligned[i + 1..] {
+                rows.extend(correlation::correlate(a, b, sigma_a, sigma_b, bins));
+            }
+        }
     }
     if rows.is_empty() {
         *md += &format!("Skipped: `scores.{reference}` is the only scores input (nothing to compare with it).\n\n");
@@ -72,10 +95,11 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     let segments: usize = ref_sigma.iter().map(|s| s.len()).sum();
     let _ = write!(
         md,
-        "{} traces, {segments} segments, {bins} position bins. Segment t of T sits at (t + ½)/T. `bin`: pairs (σ_method, σ_{reference}) pooled over traces within a position window; `from_right`: the last fraction 1 − pos_lo of every trace (the paper's x-axis); `per_trace`: the coefficient within each trace, averaged over the `n` traces where it is defined. – = undefined (fewer than 2 pairs or a constant side).\n\n",
+        "{} traces, {segments} segments, {bins} position bins. Segment t of T sits at (t + ½)/T. `bin`: pairs (σ_method, σ_{reference}) pooled over traces within a position window; `from_right`: the last fraction 1 − pos_lo of every trace (the paper's x-axis); `per_trace`: the coefficient within each trace, averaged over the `n` traces where it is defined. – = undefined (fewer than 2 pairs or a constant side). `spearman_p`, `pearson_p`: two-sided p-values against no correlation, as scipy's `spearmanr`/`pearsonr` give them; they take the pooled segments as independent, which segments of one trace are not, so they overstate the evidence (a mean over traces has none).\n\n",
         refs.len()
     );
-    *md += &write_table(out, "correlations", &rows, &["method", "reference", "view", "pos_lo", "pos_hi", "spearman", "pearson", "n"], |r| {
+    let columns = ["method", "reference", "view", "pos_lo", "pos_hi", "spearman", "pearson", "spearman_p", "pearson_p", "n"];
+    *md += &write_table(out, "correlations", &rows, &columns, |r| {
         vec![
             Cell::Text(r.method.clone()),
             Cell::Text(r.reference.clone()),
@@ -84,6 +108,8 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
             Cell::Num(r.pos_hi),
             Cell::Num(r.spearman),
             Cell::Num(r.pearson),
+            Cell::Sci(r.spearman_p),
+            Cell::Sci(r.pearson_p),
             Cell::Int(r.n),
         ]
     })?;
@@ -91,35 +117,42 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     let undefined = rows.iter().filter(|r| r.spearman.is_nan()).count();
     ctx.count("correlations", rows.len() as i64);
     ctx.count("correlations_undefined", undefined as i64);
-    let methods: Vec<&str> = {
-        let mut m: Vec<&str> = rows.iter().map(|r| r.method.as_str()).collect();
-        m.dedup();
-        m
-    };
-    for m in &methods {
-        if let Some(r) = rows.iter().find(|r| r.method == *m && r.view == "per_trace") {
-            ctx.metric(&format!("spearman_per_trace.{m}"), if r.spearman.is_nan() { serde_json::Value::Null } else { r.spearman.into() });
+    // The pairs drawn: each method against the reference, then (pairs = "all") the others.
+    let mut pairs: Vec<(&str, &str)> = rows.iter().map(|r| (r.method.as_str(), r.reference.as_str())).collect();
+    pairs.dedup();
+    for (m, rf) in &pairs {
+        if let Some(r) = rows.iter().find(|r| (r.method.as_str(), r.reference.as_str()) == (*m, *rf) && r.view == "per_trace") {
+            let key = if *rf == reference { format!("spearman_per_trace.{m}") } else { format!("spearman_per_trace.{m}~{rf}") };
+            ctx.metric(&key, if r.spearman.is_nan() { serde_json::Value::Null } else { r.spearman.into() });
         }
     }
-    let chart = |view: &str, x: fn(&CorrelationRow) -> f64, title: String, x_desc: &str| LineChart {
+    let chart = |view: &str, x: fn(&CorrelationRow) -> f64, y: fn(&CorrelationRow) -> f64, title: String, x_desc: &str, y_desc: &str| LineChart {
         title,
         x_desc: x_desc.into(),
-        y_desc: "Spearman ρ".into(),
-        series: methods
+        y_desc: y_desc.into(),
+        series: pairs
             .iter()
             .enumerate()
-            .map(|(i, m)| Series {
-                label: m.to_string(),
-                points: rows.iter().filter(|r| r.method == *m && r.view == view).map(|r| (x(r), r.spearman)).collect(),
+            .map(|(i, (m, rf))| Series {
+                label: if *rf == reference { m.to_string() } else { format!("{m} ~ {rf}") },
+                points: rows.iter().filter(|r| (r.method.as_str(), r.reference.as_str()) == (*m, *rf) && r.view == view).map(|r| (x(r), y(r))).collect(),
                 errors: Vec::new(),
                 color: PALETTE[i % PALETTE.len()],
             })
             .collect(),
     };
-    let by_pos = chart("bin", |r| (r.pos_lo + r.pos_hi) / 2.0, format!("Spearman ρ with {reference} by position in the trace"), "position in the trace (bin centre)");
+    let centre = |r: &CorrelationRow| (r.pos_lo + r.pos_hi) / 2.0;
+    let from_right = |r: &CorrelationRow| 1.0 - r.pos_lo;
+    let rho = |r: &CorrelationRow| r.spearman;
+    let by_pos = chart("bin", centre, rho, format!("Spearman ρ with {reference} by position in the trace"), "position in the trace (bin centre)", "Spearman ρ");
     figures.extend(plots::line_chart(&out.join("fig4_by_position"), &by_pos)?);
-    let right = chart("from_right", |r| 1.0 - r.pos_lo, format!("Spearman ρ with {reference} on the last part of each trace"), "fraction of the trace used, from the right");
+    let right = chart("from_right", from_right, rho, format!("Spearman ρ with {reference} on the last part of each trace"), "fraction of the trace used, from the right", "Spearman ρ");
     figures.extend(plots::line_chart(&out.join("fig4_from_right"), &right)?);
+    // The paper's red lines: log p of the same coefficients (a p-value of 0 is drawn at the
+    // smallest positive double).
+    let log_p = |r: &CorrelationRow| r.spearman_p.max(f64::MIN_POSITIVE).log10();
+    let right_p = chart("from_right", from_right, log_p, format!("log10 p-value of Spearman ρ with {reference}, last part of each trace"), "fraction of the trace used, from the right", "log10 p");
+    figures.extend(plots::line_chart(&out.join("fig4_from_right_log_p"), &right_p)?);
     Ok(())
 }
 
@@ -216,7 +249,7 @@ fn fig7(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     Ok(())
 }
 
-pub const STAGE: Builtin = Builtin { name: "analysis", version: "1", runs_in: Executable::Engine, run };
+pub const STAGE: Builtin = Builtin { name: "analysis", version: "2", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: AnalysisParams = ctx.params()?;
@@ -271,7 +304,7 @@ mod tests {
     fn ctx(dir: &Path, inputs: &[(&str, Schema)], params: Value) -> StageContext {
         let out = dir.join("out");
         std::fs::create_dir_all(&out).unwrap();
-        let mut p: Map<String, Value> = json!({ "title": "T", "reference": "mc", "bins": 2, "sd_threshold": 0.1 }).as_object().unwrap().clone();
+        let mut p: Map<String, Value> = json!({ "title": "T", "reference": "mc", "bins": 2, "pairs": "reference", "sd_threshold": 0.1 }).as_object().unwrap().clone();
         p.extend(params.as_object().unwrap().clone());
         StageContext {
             instance: "analysis".into(),
@@ -329,15 +362,34 @@ mod tests {
         run(&mut c).unwrap();
         let out = d.join("out");
         let md = std::fs::read_to_string(out.join("results.md")).unwrap();
-        assert!(md.contains("| same | mc | per_trace | 0.000 | 1.000 | 1.000 | 1.000 | 2 |"), "{md}");
+        assert!(md.contains("| same | mc | per_trace | 0.000 | 1.000 | 1.000 | 1.000 | – | – | 2 |"), "{md}");
+        // The pooled last half: 4 equal pairs, ρ = 1 and p ≈ 0 (round-off leaves ρ a hair below 1).
+        let half = md.lines().find(|l| l.starts_with("| same | mc | from_right | 0.500 |")).expect("the last half's row");
+        let cols: Vec<&str> = half.split('|').map(str::trim).collect();
+        assert!(cols[6] == "1.000" && cols[8..10].iter().all(|p| p.parse::<f64>().is_ok_and(|p| p < 1e-12)), "{half}");
         assert!(md.contains("- k3: bootstrap SD < 0.1 from k = 3"), "{md}");
         // Rows in order of the column max_new_tokens (8 before 16), whatever the labels say.
         let csv = std::fs::read_to_string(out.join("truncation.csv")).unwrap();
         assert_eq!(csv.lines().skip(1).map(|l| l.split(',').take(5).collect::<Vec<_>>().join(",")).collect::<Vec<_>>(), vec!["long,8,4,0.5,0.25", "short,16,4,0.5,0.5"]);
-        for f in ["fig4_by_position.png", "fig4_from_right.svg", "fig3_truncation.png", "fig7_mc_sd.png", "correlations.parquet", "mc_sd.csv"] {
+        for f in ["fig4_by_position.png", "fig4_from_right.svg", "fig4_from_right_log_p.png", "fig3_truncation.png", "fig7_mc_sd.png", "correlations.parquet", "mc_sd.csv"] {
             assert!(out.join(f).is_file(), "{f}");
         }
-        assert_eq!((c.counters["figures"], c.metrics["k_sd_below.k3"].as_i64()), (8, Some(3)));
+        assert_eq!((c.counters["figures"], c.metrics["k_sd_below.k3"].as_i64()), (10, Some(3)));
+        assert!(!md.contains("| same | rev |"), "pairs = reference: against the reference only");
+
+        // pairs = "all": every other pair of methods too, aligned through the reference.
+        scores(d, "scores.rev", &[("a", &[0.4, 0.3, 0.2, 0.1]), ("b", &[0.1, 0.2, 0.3, 0.4])]);
+        let three = [("scores.mc", Schema::Scores), ("scores.same", Schema::Scores), ("scores.rev", Schema::Scores)];
+        let mut c = ctx(d, &three, json!({ "pairs": "all" }));
+        run(&mut c).unwrap();
+        let md = std::fs::read_to_string(d.join("out/results.md")).unwrap();
+        assert!(md.contains("| rev | mc | per_trace | 0.000 | 1.000 | -1.000 | -1.000 | – | – | 2 |"), "{md}");
+        assert!(md.contains("| rev | same | per_trace | 0.000 | 1.000 | -1.000 | -1.000 | – | – | 2 |"), "{md}");
+        assert_eq!(md.matches("| same | rev |").count(), 0, "each pair once");
+        assert!(c.metrics["spearman_per_trace.rev~same"].as_f64().is_some_and(|r| (r + 1.0).abs() < 1e-12), "{:?}", c.metrics);
+        assert_eq!(c.counters["correlations"], 3 * (2 + 2 + 1));
+        let e = run(&mut ctx(d, &three, json!({ "pairs": "some" }))).unwrap_err().to_string();
+        assert!(e.contains("unknown variant `some`"), "{e}");
 
         // A method on other traces, a reference that is not wired, no inputs at all.
         scores(d, "scores.other", &[("a", &[0.5, 0.5]), ("b", &[0.4, 0.3, 0.2, 0.1])]);
