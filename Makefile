@@ -76,7 +76,7 @@ test: $(TORCH_STAMP) $(TEST_STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(CARGO) test --workspace --no-fail-fast -- --test-threads=2
 
 # CUDA checks (issue 17; on a GPU host without cargo: bench/gpu_bundle.sh here, bench/gpu_tests.sh
-# there): tests/gpu.rs (AdamW restore on CUDA, CPU/GPU agreement of logits,
+# there): ml/tests/gpu.rs (AdamW restore on CUDA, CPU/GPU agreement of logits,
 # tokens and scores, a shortened quickstart with device = cuda against the CPU), then every ML
 # integration test (their stages default to device = auto, so CUDA there). Without a CUDA device
 # the GPU tests print SKIP and pass.

@@ -2,7 +2,7 @@
 # A kept engine whose load did not take, between two checkpoints one GRPO step apart: does the
 # kept-engine check (param `reload`) catch it when the engine runs in bf16, whose own noise may be
 # as large as one step's change? The checkpoints are grpo.update[0] and grpo.update[1] of the
-# shortened quickstart (tests/gpu.rs's sizes), at each learning rate of LRS (default: the
+# shortened quickstart (ml/tests/gpu.rs's sizes), at each learning rate of LRS (default: the
 # quickstart's 1e-4, and 1e-6 as RL of real reasoning models uses). Two rollouts over them
 # (16 prompts x 4 samples <= 64 tokens, prefill entropies in the f32 model core), one stage at a
 # time through `rredcot serve --dtype DTYPE` behind ml/tests/engine_proxy.py with reload =

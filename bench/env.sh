@@ -71,7 +71,7 @@ alternate() {
   done
   unset "$var"
 }
-# QS_SETS: the --set arguments of the shortened quickstart (tests/gpu.rs's sizes: two steps per
+# QS_SETS: the --set arguments of the shortened quickstart (ml/tests/gpu.rs's sizes: two steps per
 # method, 16 stages, seconds each) with its ML stages on device $1.
 short_quickstart_sets() {
   QS_SETS=()

@@ -123,7 +123,7 @@ has train && {
   echo "}"
 } >"$TMP/train.json"
 
-# The shortened quickstart (as tests/gpu.rs runs it) on each device, timed from a fresh store.
+# The shortened quickstart (as ml/tests/gpu.rs runs it) on each device, timed from a fresh store.
 # `quickstart DEVICE [fresh]`: with `fresh`, a process per stage (--fresh-processes) instead of the
 # warm stage processes, whose difference is the per-process start (libtorch, CUDA context).
 quickstart() {
@@ -217,7 +217,7 @@ if "quickstart" in parts:
     res["quickstart_cpu_fresh_processes_s"], res["quickstart_gpu_fresh_processes_s"] = num(sys.argv[10]), num(sys.argv[11])
     res["quickstart_sets"] = os.environ.get("QS_SETS_EXTRA", "").split()
     res["quickstart_decode_graphs"] = os.environ.get("RREDCOT_DECODE_GRAPHS") == "1"
-    res["quickstart_note"] = ("shortened quickstart (tests/gpu.rs's sizes), fresh store per device, "
+    res["quickstart_note"] = ("shortened quickstart (ml/tests/gpu.rs's sizes), fresh store per device, "
                               + ("both runs pinned to cores 0,1" if pinned else "not pinned: no taskset"))
     measured["quickstart"] = stamp
 if "train" in parts:

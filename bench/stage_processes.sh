@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Warm stage processes vs a process per stage (`--fresh-processes`), in one run, on CPU: the wall
-# time of the shortened quickstart (tests/gpu.rs's sizes, 16 stages, each a fresh store), REPS
+# time of the shortened quickstart (ml/tests/gpu.rs's sizes, 16 stages, each a fresh store), REPS
 # times each, alternating; with FULL=1 also `make run`'s pipeline (pipelines/quickstart.toml) cold,
 # once each way (~25 min on 2 cores). Both ways must give the same instance keys (the keys chain
 # every upstream artifact's hash, so equal final keys mean equal artifacts).
