@@ -19,9 +19,21 @@ fn register_font() -> Result<()> {
         .map_err(|e| anyhow!(e))
 }
 
-/// Distinct series colours (the categorical palette of most plotting libraries).
-pub const PALETTE: [RGBColor; 6] =
-    [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189), RGBColor(127, 127, 127)];
+/// Distinct series colours: matplotlib's tab10, the categorical palette of most plotting
+/// libraries (gray in the sixth place, where charts name it), so that ten lines of one chart are
+/// told apart.
+pub const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(127, 127, 127),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
 
 pub struct Series {
     pub label: String,

@@ -126,7 +126,9 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
             ctx.metric(&key, if r.spearman.is_nan() { serde_json::Value::Null } else { r.spearman.into() });
         }
     }
-    let chart = |view: &str, x: fn(&CorrelationRow) -> f64, y: fn(&CorrelationRow) -> f64, title: String, x_desc: &str, y_desc: &str| LineChart {
+    // One chart per quantity for the methods against the reference (the paper's panels), and
+    // with pairs = "all" the same for the other pairs, so that no chart repeats a colour.
+    let chart = |pairs: &[(&str, &str)], view: &str, x: fn(&CorrelationRow) -> f64, y: fn(&CorrelationRow) -> f64, title: String, x_desc: &str, y_desc: &str| LineChart {
         title,
         x_desc: x_desc.into(),
         y_desc: y_desc.into(),
@@ -144,15 +146,23 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     let centre = |r: &CorrelationRow| (r.pos_lo + r.pos_hi) / 2.0;
     let from_right = |r: &CorrelationRow| 1.0 - r.pos_lo;
     let rho = |r: &CorrelationRow| r.spearman;
-    let by_pos = chart("bin", centre, rho, format!("Spearman ρ with {reference} by position in the trace"), "position in the trace (bin centre)", "Spearman ρ");
-    figures.extend(plots::line_chart(&out.join("fig4_by_position"), &by_pos)?);
-    let right = chart("from_right", from_right, rho, format!("Spearman ρ with {reference} on the last part of each trace"), "fraction of the trace used, from the right", "Spearman ρ");
-    figures.extend(plots::line_chart(&out.join("fig4_from_right"), &right)?);
     // The paper's red lines: log p of the same coefficients (a p-value of 0 is drawn at the
     // smallest positive double).
     let log_p = |r: &CorrelationRow| r.spearman_p.max(f64::MIN_POSITIVE).log10();
-    let right_p = chart("from_right", from_right, log_p, format!("log10 p-value of Spearman ρ with {reference}, last part of each trace"), "fraction of the trace used, from the right", "log10 p");
+    let (against, others): (Vec<(&str, &str)>, Vec<(&str, &str)>) = pairs.iter().partition(|(_, rf)| *rf == reference);
+    let right_desc = "fraction of the trace used, from the right";
+    let by_pos = chart(&against, "bin", centre, rho, format!("Spearman ρ with {reference} by position in the trace"), "position in the trace (bin centre)", "Spearman ρ");
+    figures.extend(plots::line_chart(&out.join("fig4_by_position"), &by_pos)?);
+    let right = chart(&against, "from_right", from_right, rho, format!("Spearman ρ with {reference} on the last part of each trace"), right_desc, "Spearman ρ");
+    figures.extend(plots::line_chart(&out.join("fig4_from_right"), &right)?);
+    let right_p = chart(&against, "from_right", from_right, log_p, format!("log10 p-value of Spearman ρ with {reference}, last part of each trace"), right_desc, "log10 p");
     figures.extend(plots::line_chart(&out.join("fig4_from_right_log_p"), &right_p)?);
+    if !others.is_empty() {
+        let right = chart(&others, "from_right", from_right, rho, "Spearman ρ of the other pairs of methods on the last part of each trace".into(), right_desc, "Spearman ρ");
+        figures.extend(plots::line_chart(&out.join("fig4_pairs_from_right"), &right)?);
+        let right_p = chart(&others, "from_right", from_right, log_p, "log10 p-value of Spearman ρ of the other pairs, last part of each trace".into(), right_desc, "log10 p");
+        figures.extend(plots::line_chart(&out.join("fig4_pairs_from_right_log_p"), &right_p)?);
+    }
     Ok(())
 }
 
@@ -388,6 +398,9 @@ mod tests {
         assert_eq!(md.matches("| same | rev |").count(), 0, "each pair once");
         assert!(c.metrics["spearman_per_trace.rev~same"].as_f64().is_some_and(|r| (r + 1.0).abs() < 1e-12), "{:?}", c.metrics);
         assert_eq!(c.counters["correlations"], 3 * (2 + 2 + 1));
+        // Its charts: the methods against the reference, then the other pair on its own.
+        assert!(d.join("out/fig4_pairs_from_right.png").is_file() && d.join("out/fig4_pairs_from_right_log_p.svg").is_file());
+        assert_eq!(c.counters["figures"], 10, "3 charts against the reference and 2 of the other pairs, SVG + PNG");
         let e = run(&mut ctx(d, &three, json!({ "pairs": "some" }))).unwrap_err().to_string();
         assert!(e.contains("unknown variant `some`"), "{e}");
 
