@@ -149,7 +149,8 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     // The paper's red lines: log p of the same coefficients (a p-value of 0 is drawn at the
     // smallest positive double).
     let log_p = |r: &CorrelationRow| r.spearman_p.max(f64::MIN_POSITIVE).log10();
-    let (against, others): (Vec<(&str, &str)>, Vec<(&str, &str)>) = pairs.iter().partition(|(_, rf)| *rf == reference);
+    let against: Vec<(&str, &str)> = pairs.iter().copied().filter(|(_, rf)| *rf == reference).collect();
+    let others: Vec<(&str, &str)> = pairs.iter().copied().filter(|(_, rf)| *rf != reference).collect();
     let right_desc = "fraction of the trace used, from the right";
     let by_pos = chart(&against, "bin", centre, rho, format!("Spearman ρ with {reference} by position in the trace"), "position in the trace (bin centre)", "Spearman ρ");
     figures.extend(plots::line_chart(&out.join("fig4_by_position"), &by_pos)?);
