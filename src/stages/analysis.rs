@@ -48,7 +48,8 @@ enum Pairs {
     All,
 }
 
-/// Fig. 4: `correlations` table and the three line charts, or the line saying why it was skipped.
+/// Fig. 4: `correlations` table and its line charts (three; five with `pairs = "all"`), or the
+/// line saying why it was skipped.
 fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String, figures: &mut Vec<PathBuf>) -> Result<()> {
     let (reference, bins) = (p.reference.as_str(), p.bins);
     let scores: Vec<(String, PathBuf)> = members(ctx, "scores").into_iter().map(|(l, p)| (l.to_string(), p.to_path_buf())).collect();
@@ -98,6 +99,9 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
         "{} traces, {segments} segments, {bins} position bins. Segment t of T sits at (t + ½)/T. `bin`: pairs (σ_method, σ_{reference}) pooled over traces within a position window; `from_right`: the last fraction 1 − pos_lo of every trace (the paper's x-axis); `per_trace`: the coefficient within each trace, averaged over the `n` traces where it is defined. – = undefined (fewer than 2 pairs or a constant side). `spearman_p`, `pearson_p`: two-sided p-values against no correlation, as scipy's `spearmanr`/`pearsonr` give them; they take the pooled segments as independent, which segments of one trace are not, so they overstate the evidence (a mean over traces has none).\n\n",
         refs.len()
     );
+    if p.pairs == Pairs::All {
+        *md += "With `pairs = \"all\"`, the rows whose `reference` is another method pair the two methods the same way (each pair once).\n\n";
+    }
     let columns = ["method", "reference", "view", "pos_lo", "pos_hi", "spearman", "pearson", "spearman_p", "pearson_p", "n"];
     *md += &write_table(out, "correlations", &rows, &columns, |r| {
         vec![
