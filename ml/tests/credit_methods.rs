@@ -165,22 +165,29 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
     let frac = rec["metrics"]["truncation_loss_fraction"].as_f64().unwrap();
     assert!((frac - lost as f64 / comps.len() as f64).abs() < 1e-12);
     assert!(comps.iter().any(|c| c.truncated), "24 new tokens truncate some completions of this model");
-    // Forward cost: an exit point's k continuations share its prefix's prefill, so the positions
-    // run are each distinct prefix once (a run of equal prefixes once) plus the tokens generated.
-    let mut prefixes: Vec<Vec<i64>> = Vec::new();
+    // Forward cost: an exit point's k continuations share its prefix's prefill, and so do the
+    // exit points of other traces with the same prefix (the prompt) while a slot still holds it:
+    // the positions run are at most each run of equal prefixes once and at least each distinct
+    // prefix once, plus the tokens generated.
+    let (mut runs, mut distinct_prefixes): (Vec<Vec<i64>>, Vec<Vec<i64>>) = (Vec::new(), Vec::new());
     for i in 0..run.scores.len() {
         let (prompt, comp, _) = run.ids(i);
         let bounds = run.bounds(i, comp.len());
         for t in 0..bounds.len() {
             let upto = if t == 0 { 0 } else { bounds[t - 1].1 };
             let ids: Vec<i64> = prompt.iter().chain(&comp[..upto]).copied().collect();
-            if prefixes.last() != Some(&ids) {
-                prefixes.push(ids);
+            if runs.last() != Some(&ids) {
+                runs.push(ids.clone());
+            }
+            if !distinct_prefixes.contains(&ids) {
+                distinct_prefixes.push(ids);
             }
         }
     }
-    let prefilled: i64 = prefixes.iter().map(|p| p.len() as i64).sum();
-    assert_eq!(rec["counters"]["prompt_positions_prefilled"].as_i64(), Some(prefilled), "{rec}");
+    let positions = |p: &[Vec<i64>]| p.iter().map(|p| p.len() as i64).sum::<i64>();
+    let prefilled = rec["counters"]["prompt_positions_prefilled"].as_i64().unwrap();
+    assert!((positions(&distinct_prefixes)..=positions(&runs)).contains(&prefilled), "{prefilled} positions prefilled: {rec}");
+    assert!(prefilled < positions(&runs), "the traces of one prompt share its prefill at their first exit point: {rec}");
     assert_eq!(rec["counters"]["forward_tokens"].as_i64(), Some(prefilled + generated), "{rec}");
     let mut distinct = 0;
     for (i, row) in run.scores.iter().enumerate() {

@@ -770,29 +770,74 @@ fn decode_chunks(
     Ok(())
 }
 
-/// The prompt a slot was last prefilled with, that slot, and the prompt's last logits `[1, V]`:
-/// the samples of one prompt come one after another, and each after the first reuses it.
-pub(super) struct LastFill {
+/// How many distinct prompts [`HeldPrompts`] remembers: enough for requests of one prompt that
+/// reach a server a few places apart (clients in flight finish out of order), bounded because
+/// each keeps a `[1, V]` logits row.
+const PROMPTS_HELD: usize = 8;
+
+/// The prompts that slots hold in their first cache columns (which decoding never rewrites: a
+/// row writes from its prompt's end on, a freed slot at the column it stopped at), each with the
+/// slots that hold it and its last logits `[1, V]`, most recent last. The samples of one prompt
+/// come one after another, or, through a server, a few requests apart: each after the first
+/// copies a slot that holds it instead of running the prefill again.
+#[derive(Default)]
+pub(super) struct HeldPrompts {
+    held: Vec<Held>,
+}
+
+struct Held {
     prompt: Vec<i64>,
-    slot: usize,
+    slots: Vec<usize>,
     logits: Tensor,
 }
 
-/// Fills slot `s` with `prompt` (its cache columns from 0 and its logits row); returns the prompt's
-/// length. When the slot filled last holds the same prompt, its columns `0..len` (which decoding
-/// never rewrites) and the prompt's logits are copied instead of prefilled again: the same values,
-/// as the prefill of a prompt alone is deterministic, for a copy of its keys and values.
-pub(super) fn fill_slot(model: &DecoderLm, prompt: &[i64], s: usize, cache: &mut KvCache, logits: &mut Tensor, last: &mut Option<LastFill>) -> i64 {
-    let len = prompt.len() as i64;
-    if let Some(l) = last.as_ref().filter(|l| l.prompt == prompt && share_prefills()) {
-        if l.slot != s {
-            cache.copy_row_prefix(l.slot as i64, s as i64, len);
+impl HeldPrompts {
+    /// Slot `s` is about to be overwritten: it holds none of the prompts any more (a prompt no
+    /// slot holds is forgotten).
+    fn vacate(&mut self, s: usize) {
+        for h in &mut self.held {
+            h.slots.retain(|&t| t != s);
         }
-        logits.narrow(0, s as i64, 1).copy_(&l.logits);
+        self.held.retain(|h| !h.slots.is_empty());
+    }
+
+    /// Slot `s` now holds `prompt` (a new entry with its `logits`, or one more slot for a prompt
+    /// held already), which becomes the most recent.
+    fn hold(&mut self, prompt: &[i64], s: usize, logits: impl FnOnce() -> Tensor) {
+        let mut h = match self.held.iter().position(|h| h.prompt == prompt) {
+            Some(i) => self.held.remove(i),
+            None => Held { prompt: prompt.to_vec(), slots: vec![], logits: logits() },
+        };
+        if !h.slots.contains(&s) {
+            h.slots.push(s);
+        }
+        self.held.push(h);
+        if self.held.len() > PROMPTS_HELD {
+            self.held.remove(0);
+        }
+    }
+}
+
+/// Fills slot `s` with `prompt` (its cache columns from 0 and its logits row); returns the prompt's
+/// length. When a slot holds the same prompt ([`HeldPrompts`]), its columns `0..len` and the
+/// prompt's logits are copied instead of prefilled again: the same values, as the prefill of a
+/// prompt alone is deterministic, for a copy of its keys and values.
+pub(super) fn fill_slot(model: &DecoderLm, prompt: &[i64], s: usize, cache: &mut KvCache, logits: &mut Tensor, held: &mut HeldPrompts) -> i64 {
+    let len = prompt.len() as i64;
+    if let Some(h) = held.held.iter().find(|h| h.prompt == prompt).filter(|_| share_prefills()) {
+        if !h.slots.contains(&s) {
+            cache.copy_row_prefix(h.slots[0] as i64, s as i64, len);
+        }
+        logits.narrow(0, s as i64, 1).copy_(&h.logits);
+        // Only now is `s` overwritten: it may have been the one slot that held the prompt.
+        let kept = h.logits.shallow_clone();
+        held.vacate(s);
+        held.hold(prompt, s, || kept);
         return len;
     }
+    held.vacate(s);
     let len = prefill_slot(model, prompt, s, cache, logits);
-    *last = Some(LastFill { prompt: prompt.to_vec(), slot: s, logits: logits.narrow(0, s as i64, 1).copy() });
+    held.hold(prompt, s, || logits.narrow(0, s as i64, 1).copy());
     len
 }
 
@@ -931,7 +976,7 @@ struct EagerSlots<'a> {
     column: Vec<i64>,
     live: Vec<bool>,
     own: Vec<Option<SamplingParams>>,
-    last_fill: Option<LastFill>,
+    held: HeldPrompts,
 }
 
 impl<'a> EagerSlots<'a> {
@@ -946,7 +991,7 @@ impl<'a> EagerSlots<'a> {
             column: vec![0; b as usize],
             live: vec![false; b as usize],
             own: vec![None; b as usize],
-            last_fill: None,
+            held: HeldPrompts::default(),
         }
     }
 
@@ -987,7 +1032,7 @@ pub fn same_distribution(a: &SamplingParams, b: &SamplingParams) -> bool {
 
 impl Slots for EagerSlots<'_> {
     fn fill(&mut self, s: usize, prompt: &[i64], own: Option<SamplingParams>) {
-        self.column[s] = fill_slot(self.model, prompt, s, &mut self.cache, &mut self.logits, &mut self.last_fill);
+        self.column[s] = fill_slot(self.model, prompt, s, &mut self.cache, &mut self.logits, &mut self.held);
         self.live[s] = true;
         self.own[s] = own;
     }
@@ -1742,36 +1787,45 @@ mod tests {
         }
     }
 
-    /// The samples of a prompt come one after another (a group): each after the first copies the
-    /// prompt's keys, values and logits from the slot filled last, and every row still gets its
-    /// static batch tokens (the copies are the values a prefill gives).
+    /// The samples of a prompt come one after another (a group), or a few rows apart (requests to
+    /// a server finish out of order): each after the first copies the prompt's keys, values and
+    /// logits from a slot that holds it, and every row still gets its static batch tokens (the
+    /// copies are the values a prefill gives). A slot refilled with another prompt holds the old
+    /// one no more: with one slot, a prompt that comes back is prefilled again.
     #[test]
     fn samples_of_one_prompt_share_its_prefill_and_keep_their_tokens() {
         let m = tiny_model(Arch::Qwen2, 53);
         let (distinct, _) = ragged_prompts(3, m.cfg.vocab_size);
-        // Groups of 3, 1 and 4 samples, then the first prompt again after another one.
-        let order = [0, 0, 0, 1, 2, 2, 2, 2, 0];
-        let prompts: Vec<Vec<i64>> = order.iter().map(|&i| distinct[i].clone()).collect();
-        let seeds: Vec<u64> = (0..prompts.len() as u64).map(|i| 300 + i).collect();
-        for t in [0.0, 1.0] {
-            let p = stop_params(&m, &prompts, &seeds, &params(t));
-            let positions = prefilled_positions();
-            let batch = generate(&m, None, &prompts, &seeds, &p).unwrap();
-            let longest = prompts.iter().map(Vec::len).max().unwrap() as u64;
-            assert_eq!(prefilled_positions() - positions, prompts.len() as u64 * longest, "a static batch prefills its padding");
-            // The positions of the prompts that were prefilled: one per run of equal prompts.
-            let runs: u64 = [0, 1, 2, 0].iter().map(|&i| distinct[i].len() as u64).sum();
-            for ((slots, every), steps) in [(1, 1), (2, 1), (4, 3), (0, 16)].into_iter().flat_map(|x| [(x, Steps::Eager), (x, Steps::Static { graph: false })]) {
-                let (before, positions) = (PREFILLS.with(|n| n.get()), prefilled_positions());
-                let cont = continuous(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, slots, every, steps).unwrap();
-                let prefills = PREFILLS.with(|n| n.get()) - before;
-                let at = format!("T={t} slots {slots} every {every} {steps:?}");
-                assert_eq!(prefills, 4, "{at}: one prefill per run of equal prompts");
-                assert_eq!(prefilled_positions() - positions, runs, "{at}: positions counted once per prefill");
-                for (row, (c, b)) in cont.iter().zip(&batch).enumerate() {
-                    assert_eq!((&c.tokens, c.finish_reason), (&b.tokens, b.finish_reason), "{at} row {row}");
-                    for (x, y) in c.logprobs.iter().zip(&b.logprobs) {
-                        assert!((x - y).abs() < 1e-4, "{at} row {row}: {x} vs {y}");
+        // Groups of 3, 1 and 4 samples, then the first prompt again after another one; then the
+        // three prompts interleaved.
+        for order in [&[0, 0, 0, 1, 2, 2, 2, 2, 0][..], &[0, 1, 0, 2, 1, 0, 2, 2, 1]] {
+            let prompts: Vec<Vec<i64>> = order.iter().map(|&i| distinct[i].clone()).collect();
+            let seeds: Vec<u64> = (0..prompts.len() as u64).map(|i| 300 + i).collect();
+            // With one slot, a prefill per run of equal prompts; with a slot per row, one per prompt.
+            let mut runs = order.to_vec();
+            runs.dedup();
+            let positions_of = |ps: &[usize]| ps.iter().map(|&i| distinct[i].len() as u64).sum::<u64>();
+            for t in [0.0, 1.0] {
+                let p = stop_params(&m, &prompts, &seeds, &params(t));
+                let positions = prefilled_positions();
+                let batch = generate(&m, None, &prompts, &seeds, &p).unwrap();
+                let longest = prompts.iter().map(Vec::len).max().unwrap() as u64;
+                assert_eq!(prefilled_positions() - positions, prompts.len() as u64 * longest, "a static batch prefills its padding");
+                for ((slots, every), steps) in [(1, 1), (2, 1), (4, 3), (0, 16)].into_iter().flat_map(|x| [(x, Steps::Eager), (x, Steps::Static { graph: false })]) {
+                    let (before, positions) = (PREFILLS.with(|n| n.get()), prefilled_positions());
+                    let cont = continuous(&m, Completions::new(None, &p, prompts.len()), &prompts, &seeds, slots, every, steps).unwrap();
+                    let prefills = PREFILLS.with(|n| n.get()) - before;
+                    let at = format!("{order:?} T={t} slots {slots} every {every} {steps:?}");
+                    match slots {
+                        1 => assert_eq!((prefills, prefilled_positions() - positions), (runs.len(), positions_of(&runs)), "{at}: one prefill per run"),
+                        0 => assert_eq!((prefills, prefilled_positions() - positions), (3, positions_of(&[0, 1, 2])), "{at}: one prefill per prompt"),
+                        _ => assert!((3..=runs.len()).contains(&prefills), "{at}: {prefills} prefills"),
+                    }
+                    for (row, (c, b)) in cont.iter().zip(&batch).enumerate() {
+                        assert_eq!((&c.tokens, c.finish_reason), (&b.tokens, b.finish_reason), "{at} row {row}");
+                        for (x, y) in c.logprobs.iter().zip(&b.logprobs) {
+                            assert!((x - y).abs() < 1e-4, "{at} row {row}: {x} vs {y}");
+                        }
                     }
                 }
             }

@@ -15,7 +15,7 @@
 use tch::{Kind, Tensor};
 
 use super::decoder::{DecoderLm, MASKED};
-use super::generate::{fill_slot, sample_record, LastFill, SamplingParams};
+use super::generate::{fill_slot, sample_record, HeldPrompts, SamplingParams};
 use super::layers::{AttnMask, FusedProjections, KvCache};
 
 /// One row per prompt of a static batch after its prefill, or one per slot of continuous batching.
@@ -37,7 +37,7 @@ pub(super) struct StaticStep<'a> {
     pad_bias: Tensor,
     /// `[1, 1, 1, capacity]` column numbers.
     keys: Tensor,
-    last_fill: Option<LastFill>,
+    held: HeldPrompts,
 }
 
 impl<'a> StaticStep<'a> {
@@ -71,7 +71,7 @@ impl<'a> StaticStep<'a> {
             advance: Tensor::ones([b], (Kind::Int64, dev)),
             pad_bias: pad_bias.unwrap_or_else(|| Tensor::zeros([b, 1, 1, cap], (model.kind(), dev))),
             keys: Tensor::arange(cap, (Kind::Int64, dev)).view([1, 1, 1, cap]),
-            last_fill: None,
+            held: HeldPrompts::default(),
         }
     }
 
@@ -91,10 +91,10 @@ impl<'a> StaticStep<'a> {
     }
 
     /// Prefills `prompt` alone into slot `s` (its cache columns from 0, its logits row; copied
-    /// from the slot filled last when it holds the same prompt), which decodes from the next step
+    /// from a slot that holds the same prompt), which decodes from the next step
     /// on. In place: a captured graph reads the new row.
     pub(super) fn fill(&mut self, s: usize, prompt: &[i64]) {
-        let len = fill_slot(self.model, prompt, s, &mut self.cache, &mut self.logits, &mut self.last_fill);
+        let len = fill_slot(self.model, prompt, s, &mut self.cache, &mut self.logits, &mut self.held);
         let s = s as i64;
         let _ = self.cols.narrow(0, s, 1).fill_(len);
         let _ = self.pos.narrow(0, s, 1).fill_(len);

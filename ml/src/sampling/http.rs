@@ -52,6 +52,25 @@ const PROBE_TOKENS: usize = 16;
 /// How long a stopped engine gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(15);
 
+/// The pause between looks at something about to happen (an engine that exits at SIGTERM, one
+/// that starts answering): 2 ms at first, doubling up to 50 ms, so a quick event costs a stage a
+/// few milliseconds rather than a fixed 50 ms poll's 25 on average, and a slow one few looks.
+struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(2);
+    const MOST: Duration = Duration::from_millis(50);
+
+    fn new() -> Backoff {
+        Backoff(Self::FIRST)
+    }
+
+    fn wait(&mut self) {
+        std::thread::sleep(self.0);
+        self.0 = (self.0 * 2).min(Self::MOST);
+    }
+}
+
 /// Which sampler a stage uses (param `backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -308,9 +327,9 @@ impl Drop for EngineServer {
             if let Some(g) = &self.group {
                 g.signal(libc::SIGTERM);
             }
-            let t0 = Instant::now();
+            let (t0, mut pause) = (Instant::now(), Backoff::new());
             while child.try_wait().ok().flatten().is_none() && t0.elapsed() < STOP_GRACE {
-                std::thread::sleep(Duration::from_millis(50));
+                pause.wait();
             }
             let _ = child.kill();
             let _ = child.wait();
@@ -669,7 +688,7 @@ impl HttpSampler {
     /// running server); returns its `data`.
     fn wait_ready(&self) -> Result<Vec<Value>> {
         let url = format!("{}/models", self.base);
-        let t0 = Instant::now();
+        let (t0, mut pause) = (Instant::now(), Backoff::new());
         loop {
             if let Some(server) = &self.server {
                 if let Some(why) = server.exited() {
@@ -690,7 +709,7 @@ impl HttpSampler {
                 let log = self.server.as_ref().map(|s| format!("; the engine's log ends:\n{}", log_tail(&s.log))).unwrap_or_default();
                 bail!("stage `{}`: the server at {} did not answer{waited}: {last}{log}", self.stage, self.base);
             }
-            std::thread::sleep(Duration::from_millis(50));
+            pause.wait();
         }
     }
 
