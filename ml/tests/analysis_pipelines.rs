@@ -141,6 +141,40 @@ fn fig4_correlations_match_a_recomputation_and_rerun_cached() {
     let rec = record(&store, &s, "analysis");
     assert_eq!(rec["counters"]["figures"].as_i64(), Some(10), "3 charts against mc20, 2 of the other pairs");
 
+    // `analysis_by_token`: the same pairs with each segment at its middle token. A whole trace and
+    // a trace's own coefficient do not depend on where its segments sit; the windows are
+    // recounted here from the segmentation, in integers as the stage decides them.
+    let by_token: Vec<Corr> = table(&output(&store, &s, "analysis_by_token", "report").join("correlations.parquet"));
+    assert_eq!(by_token.len(), rows.len());
+    for (t, r) in by_token.iter().zip(&rows) {
+        assert_eq!((&t.method, &t.reference, &t.view, t.pos_lo), (&r.method, &r.reference, &r.view, r.pos_lo));
+        if r.view == "per_trace" || (r.view == "from_right" && r.pos_lo == 0.0) {
+            assert!(same(t.spearman, r.spearman) && t.n == r.n, "{t:?} vs {r:?}");
+        }
+    }
+    use rredcot::artifact::rows::SegmentRow;
+    let segs: Vec<SegmentRow> = read_rows(&output(&store, &s, "segment", "segments"), Schema::Segments).unwrap();
+    let sigma = scores("sigma");
+    let (mut counts, mut last_fifth) = (vec![0i64; 5], (Vec::new(), Vec::new()));
+    for want in &reference {
+        let seg = segs.iter().find(|g| g.prompt_id == want.prompt_id && g.sample_idx == want.sample_idx).unwrap();
+        let got = sigma.iter().find(|m| m.prompt_id == want.prompt_id && m.sample_idx == want.sample_idx).unwrap();
+        let n = *seg.seg_ends.last().unwrap() as i64;
+        for (t, (&a, &e)) in seg.seg_starts.iter().zip(&seg.seg_ends).enumerate() {
+            let centre2 = (a + e) as i64;
+            counts[((centre2 * 5 / (2 * n)) as usize).min(4)] += 1;
+            if centre2 * 5 >= 2 * n * 4 {
+                last_fifth.0.push(got.sigma[t]);
+                last_fifth.1.push(want.sigma[t]);
+            }
+        }
+    }
+    let of = |view: &str| by_token.iter().filter(|r| (r.method.as_str(), r.reference.as_str(), r.view.as_str()) == ("sigma", "mc20", view)).collect::<Vec<_>>();
+    assert_eq!(of("bin").iter().map(|r| r.n).collect::<Vec<_>>(), counts, "segments per token window");
+    let tail = of("from_right")[0];
+    assert!(tail.n == last_fifth.0.len() as i64 && same(tail.spearman, spearman(&last_fifth.0, &last_fifth.1)), "{tail:?}");
+    assert_ne!(of("bin").iter().map(|r| r.n).collect::<Vec<_>>(), rows.iter().filter(|r| r.method == "sigma" && r.view == "bin").map(|r| r.n).collect::<Vec<_>>(), "segments of unequal lengths move between windows");
+
     // A rerun is fully cached; a forced rerun of the analysis reproduces its output.
     let again = run_ok(&store, "pipelines/analysis-fig4.toml", &sets);
     assert!(again["ran"].as_array().unwrap().is_empty(), "{again}");

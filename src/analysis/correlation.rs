@@ -1,6 +1,7 @@
 //! Paper Fig. 4: how well each credit method's per-segment σ agrees with a reference method's
 //! (the Monte Carlo values) along the trace. Segment t (0-based) of a trace of T segments sits at
-//! position (t + ½) / T, its centre as a fraction of the trace's segments. The pairs
+//! position (t + ½) / T, its centre as a fraction of the trace's segments ([`by_segment`]), or at
+//! its middle token as a fraction of the trace's tokens ([`by_token`]). The pairs
 //! (σ_method, σ_reference) of all traces are pooled per position window and correlated:
 //! - `bin`: `bins` equal windows [i/bins, (i+1)/bins);
 //! - `from_right`: the last fraction f = j/bins of every trace (the paper's x-axis: "percent of
@@ -16,11 +17,12 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 
 use super::stats::{correlation_p_value, pearson, spearman};
-use crate::artifact::rows::ScoreRow;
+use crate::artifact::rows::{ScoreRow, SegmentRow};
+use crate::credit::segmentation::checked_ends;
 
 /// One row of the `correlations` table. Undefined coefficients (a window with < 2 pairs, or one
 /// side constant) are NaN.
@@ -42,15 +44,26 @@ pub struct CorrelationRow {
     pub n: i64,
 }
 
+/// Rows by their trace (prompt, sample), each with its row number.
+type ByTrace<'a, R> = BTreeMap<(&'a str, i32), (usize, &'a R)>;
+
+/// `rows` (input `member`) by their trace; a trace met twice is an error (`what`: "scored",
+/// "segmented").
+fn by_trace<'a, R>(member: &str, rows: &'a [R], trace: impl Fn(&'a R) -> (&'a str, i32), what: &str) -> Result<ByTrace<'a, R>> {
+    let mut by_key = BTreeMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        let (prompt, sample) = trace(r);
+        if let Some((j, _)) = by_key.insert((prompt, sample), (i, r)) {
+            bail!("input `{member}` rows {j} and {i}: trace prompt {prompt} sample {sample} {what} twice");
+        }
+    }
+    Ok(by_key)
+}
+
 /// Checks that `rows` (input `member`) scores exactly the reference's traces with the same
 /// segment counts, and returns its σ in the reference's trace order.
 pub fn align<'a>(member: &str, rows: &'a [ScoreRow], reference: &str, refs: &[ScoreRow]) -> Result<Vec<&'a [f64]>> {
-    let mut by_key: BTreeMap<(&str, i32), (usize, &ScoreRow)> = BTreeMap::new();
-    for (i, r) in rows.iter().enumerate() {
-        if let Some((j, _)) = by_key.insert((r.prompt_id.as_str(), r.sample_idx), (i, r)) {
-            bail!("input `{member}` rows {j} and {i}: trace prompt {} sample {} scored twice", r.prompt_id, r.sample_idx);
-        }
-    }
+    let mut by_key = by_trace(member, rows, |r| (r.prompt_id.as_str(), r.sample_idx), "scored")?;
     let mut out = Vec::with_capacity(refs.len());
     for (i, want) in refs.iter().enumerate() {
         let Some((j, got)) = by_key.remove(&(want.prompt_id.as_str(), want.sample_idx)) else {
@@ -73,14 +86,51 @@ pub fn align<'a>(member: &str, rows: &'a [ScoreRow], reference: &str, refs: &[Sc
     Ok(out)
 }
 
-/// The bin (0..bins) of segment t of T: ⌊(t + ½)/T · bins⌋.
-fn bin_of(t: usize, total: usize, bins: usize) -> usize {
-    ((2 * t + 1) * bins / (2 * total)).min(bins - 1)
+/// Where the segments of one trace sit: each one's centre and the trace's length, both doubled so
+/// that they are integers (in segments or in tokens).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracePositions {
+    centres2: Vec<u64>,
+    total2: u64,
 }
 
-/// Whether segment t of T lies in the last j/bins of its trace: (t + ½)/T ≥ 1 − j/bins.
-fn in_last(t: usize, total: usize, j: usize, bins: usize) -> bool {
-    (2 * t + 1) * bins >= 2 * total * (bins - j)
+/// Segment t of T at (t + ½)/T.
+pub fn by_segment(total: usize) -> TracePositions {
+    TracePositions { centres2: (0..total as u64).map(|t| 2 * t + 1).collect(), total2: 2 * total as u64 }
+}
+
+/// Each trace's segments at their middle token: segment [s, e) of a trace of n tokens (what its
+/// segments tile: the chain of thought) sits at
+/// ((s + e)/2)/n, so a long segment takes the room it has in the text. `rows` (input `member`)
+/// must give the reference's traces segments that tile them ([`checked_ends`]), as many as their
+/// σ has.
+pub fn by_token(member: &str, rows: &[SegmentRow], reference: &str, refs: &[ScoreRow]) -> Result<Vec<TracePositions>> {
+    let by_key = by_trace(member, rows, |r| (r.prompt_id.as_str(), r.sample_idx), "segmented")?;
+    let mut out = Vec::with_capacity(refs.len());
+    for (i, want) in refs.iter().enumerate() {
+        let Some(&(j, got)) = by_key.get(&(want.prompt_id.as_str(), want.sample_idx)) else {
+            bail!("input `{member}`: no segments for trace prompt {} sample {} (row {i} of reference `{reference}`)", want.prompt_id, want.sample_idx);
+        };
+        let at = format!("input `{member}` row {j} (prompt {} sample {})", got.prompt_id, got.sample_idx);
+        let n = got.seg_ends.last().map_or(0, |&e| e.max(0) as usize);
+        let ends = checked_ends(&got.seg_starts, &got.seg_ends, n).map_err(|e| anyhow!("{at}: {e}"))?;
+        if ends.len() != want.sigma.len() {
+            bail!("{at}: {} segments, but reference `{reference}` row {i} scores {}: wire the segmentation the methods scored", ends.len(), want.sigma.len());
+        }
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        out.push(TracePositions { centres2: starts.zip(&ends).map(|(s, &e)| (s + e) as u64).collect(), total2: 2 * n as u64 });
+    }
+    Ok(out)
+}
+
+/// The bin (0..bins) of a segment centred at c of a trace of length L: ⌊c/L · bins⌋.
+fn bin_of(centre2: u64, total2: u64, bins: usize) -> usize {
+    ((centre2 * bins as u64 / total2) as usize).min(bins - 1)
+}
+
+/// Whether a segment centred at c of a trace of length L lies in its last j/bins: c/L ≥ 1 − j/bins.
+fn in_last(centre2: u64, total2: u64, j: usize, bins: usize) -> bool {
+    centre2 * bins as u64 >= total2 * (bins - j) as u64
 }
 
 fn row(method: &str, reference: &str, view: &str, lo: f64, hi: f64, a: &[f64], b: &[f64]) -> CorrelationRow {
@@ -100,20 +150,19 @@ fn row(method: &str, reference: &str, view: &str, lo: f64, hi: f64, a: &[f64], b
 }
 
 /// The rows of one method against the reference: `sigma[i]` and `reference_sigma[i]` are trace
-/// i's σ (equal lengths, as `align` checked).
-pub fn correlate(method: &str, reference: &str, sigma: &[&[f64]], reference_sigma: &[&[f64]], bins: usize) -> Vec<CorrelationRow> {
+/// i's σ (equal lengths, as `align` checked), its segments at `positions[i]`.
+pub fn correlate(method: &str, reference: &str, sigma: &[&[f64]], reference_sigma: &[&[f64]], positions: &[TracePositions], bins: usize) -> Vec<CorrelationRow> {
     assert!(bins > 0, "bins must be positive");
     let mut binned = vec![(Vec::new(), Vec::new()); bins];
     let mut right = vec![(Vec::new(), Vec::new()); bins];
     let (mut rho, mut r) = (Vec::new(), Vec::new());
-    for (m, rf) in sigma.iter().zip(reference_sigma) {
-        let total = rf.len();
-        for t in 0..total {
-            let b = &mut binned[bin_of(t, total, bins)];
+    for ((m, rf), at) in sigma.iter().zip(reference_sigma).zip(positions) {
+        for (t, &c) in at.centres2.iter().enumerate() {
+            let b = &mut binned[bin_of(c, at.total2, bins)];
             b.0.push(m[t]);
             b.1.push(rf[t]);
             for (j, w) in right.iter_mut().enumerate() {
-                if in_last(t, total, j + 1, bins) {
+                if in_last(c, at.total2, j + 1, bins) {
                     w.0.push(m[t]);
                     w.1.push(rf[t]);
                 }
@@ -155,22 +204,58 @@ mod tests {
 
     #[test]
     fn segments_fall_in_the_bin_of_their_centre() {
+        let bins = |total: usize, bins: usize| by_segment(total).centres2.iter().map(|&c| bin_of(c, 2 * total as u64, bins)).collect::<Vec<_>>();
+        let last = |total: usize, j: usize, bins: usize| by_segment(total).centres2.iter().filter(|&&c| in_last(c, 2 * total as u64, j, bins)).count();
         // T = 4, 2 bins: centres 1/8, 3/8 | 5/8, 7/8.
-        assert_eq!((0..4).map(|t| bin_of(t, 4, 2)).collect::<Vec<_>>(), vec![0, 0, 1, 1]);
+        assert_eq!(bins(4, 2), vec![0, 0, 1, 1]);
         // T = 3, 3 bins: one segment each; T = 1: the middle bin.
-        assert_eq!((0..3).map(|t| bin_of(t, 3, 3)).collect::<Vec<_>>(), vec![0, 1, 2]);
-        assert_eq!(bin_of(0, 1, 4), 2);
+        assert_eq!(bins(3, 3), vec![0, 1, 2]);
+        assert_eq!(bins(1, 4), vec![2]);
         // The last quarter of a trace of 4 is its last segment; the last half, two.
-        assert_eq!((0..4).filter(|&t| in_last(t, 4, 1, 4)).count(), 1);
-        assert_eq!((0..4).filter(|&t| in_last(t, 4, 2, 4)).count(), 2);
-        assert_eq!((0..4).filter(|&t| in_last(t, 4, 4, 4)).count(), 4);
+        assert_eq!((last(4, 1, 4), last(4, 2, 4), last(4, 4, 4)), (1, 2, 4));
+    }
+
+    fn segs(id: &str, sample: i32, ends: &[i32]) -> SegmentRow {
+        let starts = std::iter::once(0).chain(ends.iter().copied()).take(ends.len()).collect();
+        SegmentRow { prompt_id: id.into(), sample_idx: sample, seg_starts: starts, seg_ends: ends.to_vec(), method: "m".into() }
+    }
+
+    #[test]
+    fn by_tokens_a_long_segment_takes_its_room() {
+        // Segments of 1, 1 and 8 tokens: by index at 1/6, 1/2, 5/6 (bins 0, 1, 1 of 2); by tokens
+        // at 0.05, 0.15, 0.6 (bins 0, 0, 1): only the long one is in the last half.
+        let refs = vec![score("p", 0, &[0.2, 0.3, 0.5])];
+        let at = by_token("segments.s", &[segs("p", 0, &[1, 2, 10])], "scores.mc", &refs).unwrap();
+        assert_eq!(at, vec![TracePositions { centres2: vec![1, 3, 12], total2: 20 }]);
+        assert_eq!(at[0].centres2.iter().map(|&c| bin_of(c, 20, 2)).collect::<Vec<_>>(), vec![0, 0, 1]);
+        let m = [vec![1.0, 2.0, 3.0]];
+        let m: Vec<&[f64]> = m.iter().map(|v| v.as_slice()).collect();
+        let rf: Vec<&[f64]> = refs.iter().map(|r| r.sigma.as_slice()).collect();
+        let n_last_half = |p: &[TracePositions]| view(&correlate("x", "mc", &m, &rf, p, 2), "from_right")[0].n;
+        assert_eq!((n_last_half(&by_segment_all(&rf)), n_last_half(&at)), (2, 1));
+
+        let err = |rows: &[SegmentRow]| by_token("segments.s", rows, "scores.mc", &refs).unwrap_err().to_string();
+        let e = err(&[segs("p", 0, &[1, 10])]);
+        assert!(e.contains("`segments.s` row 0 (prompt p sample 0): 2 segments") && e.contains("scores 3"), "{e}");
+        let e = err(&[segs("q", 0, &[1, 2, 10])]);
+        assert!(e.contains("no segments for trace prompt p sample 0"), "{e}");
+        let mut gap = segs("p", 0, &[1, 2, 10]);
+        gap.seg_starts[2] = 3;
+        let e = err(&[gap]);
+        assert!(e.contains("row 0") && e.contains("do not tile"), "{e}");
+        let e = err(&[segs("p", 0, &[1, 2, 10]), segs("p", 0, &[1, 2, 10])]);
+        assert!(e.contains("segmented twice"), "{e}");
+    }
+
+    fn by_segment_all(sigma: &[&[f64]]) -> Vec<TracePositions> {
+        sigma.iter().map(|s| by_segment(s.len())).collect()
     }
 
     #[test]
     fn identical_reversed_and_constant_sigma() {
         let reference = [vec![0.1, 0.2, 0.3, 0.4], vec![0.4, 0.1, 0.3, 0.2]];
         let refs: Vec<&[f64]> = reference.iter().map(|v| v.as_slice()).collect();
-        let same = correlate("same", "mc", &refs, &refs, 2);
+        let same = correlate("same", "mc", &refs, &refs, &by_segment_all(&refs), 2);
         assert_eq!(same.len(), 2 + 2 + 1);
         for r in &same {
             assert!((r.spearman - 1.0).abs() < 1e-12 && (r.pearson - 1.0).abs() < 1e-12, "{r:?}");
@@ -181,13 +266,13 @@ mod tests {
 
         let negated: Vec<Vec<f64>> = reference.iter().map(|v| v.iter().map(|x| -x).collect()).collect();
         let neg: Vec<&[f64]> = negated.iter().map(|v| v.as_slice()).collect();
-        for r in correlate("rev", "mc", &neg, &refs, 2) {
+        for r in correlate("rev", "mc", &neg, &refs, &by_segment_all(&refs), 2) {
             assert!((r.spearman + 1.0).abs() < 1e-12 && (r.pearson + 1.0).abs() < 1e-12, "{r:?}");
         }
 
         let flat = [vec![0.25; 4], vec![0.25; 4]];
         let flat: Vec<&[f64]> = flat.iter().map(|v| v.as_slice()).collect();
-        let rows = correlate("uniform", "mc", &flat, &refs, 2);
+        let rows = correlate("uniform", "mc", &flat, &refs, &by_segment_all(&refs), 2);
         assert!(rows.iter().all(|r| r.spearman.is_nan() && r.pearson.is_nan()), "{rows:?}");
         assert_eq!(view(&rows, "per_trace")[0].n, 0, "no trace has a defined correlation");
         assert_eq!(view(&rows, "bin")[1].n, 4, "undefined windows still count their pairs");
@@ -201,7 +286,7 @@ mod tests {
         let rf = [vec![1.0, 2.0, 2.0, 1.0], vec![4.0, 3.0, 0.0, -1.0]];
         let m: Vec<&[f64]> = m.iter().map(|v| v.as_slice()).collect();
         let rf: Vec<&[f64]> = rf.iter().map(|v| v.as_slice()).collect();
-        let rows = correlate("x", "mc", &m, &rf, 2);
+        let rows = correlate("x", "mc", &m, &rf, &by_segment_all(&rf), 2);
         let bins = view(&rows, "bin");
         assert!((bins[0].spearman - 0.8).abs() < 1e-12, "{:?}", bins[0]);
         assert!((bins[1].spearman + 1.0).abs() < 1e-12, "{:?}", bins[1]);

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
-use crate::analysis::correlation::{self, CorrelationRow};
+use crate::analysis::correlation::{self, CorrelationRow, TracePositions};
 use crate::analysis::mc_sd::{self, SdRow};
 use crate::analysis::truncation::{self, TruncationRow};
 use crate::artifact::rows::ScoreRow;
@@ -37,6 +37,9 @@ struct AnalysisParams {
     /// Fig. 4: `reference` (every method against the reference) or `all` (and every other pair
     /// of methods too: the paper's gradient attribution against LOO).
     pairs: Pairs,
+    /// Fig. 4: where a segment sits along its trace: by its index among the trace's segments, or
+    /// by its middle token among the trace's tokens (input `segments.<label>`).
+    position: Position,
     /// Fig. 7: the SD line drawn.
     sd_threshold: f64,
 }
@@ -46,6 +49,26 @@ struct AnalysisParams {
 enum Pairs {
     Reference,
     All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Position {
+    Segments,
+    Tokens,
+}
+
+/// Fig. 4's segment positions: by index, or (`position = "tokens"`) by token from the one
+/// `segments.<label>` input, which is read for nothing else.
+fn positions(ctx: &StageContext, p: &AnalysisParams, refs: &[ScoreRow]) -> Result<Vec<TracePositions>> {
+    let wired = members(ctx, "segments");
+    let reference = format!("scores.{}", p.reference);
+    match (p.position, wired.as_slice()) {
+        (Position::Segments, []) => Ok(refs.iter().map(|r| correlation::by_segment(r.sigma.len())).collect()),
+        (Position::Segments, [(label, _), ..]) => bail!("stage `{}`: input `segments.{label}` is read only with position = \"tokens\" (position is \"segments\")", ctx.instance),
+        (Position::Tokens, [(label, path)]) => correlation::by_token(&format!("segments.{label}"), &read_rows(path, Schema::Segments)?, &reference, refs),
+        (Position::Tokens, _) => bail!("stage `{}`: position = \"tokens\" needs one input `segments.<label>`, the segmentation the methods scored ({} wired)", ctx.instance, wired.len()),
+    }
 }
 
 /// Fig. 4: `correlations` table and its line charts (three; five with `pairs = "all"`), or the
@@ -70,6 +93,7 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
         bail!("input `scores.{reference}` ({}): no rows", ref_path.display());
     }
     let ref_sigma: Vec<&[f64]> = refs.iter().map(|r| r.sigma.as_slice()).collect();
+    let at = positions(ctx, p, &refs)?;
     let mut rows: Vec<CorrelationRow> = Vec::new();
     // Every method's σ in the reference's trace order, so that any two can be paired.
     let mut methods: Vec<(&str, Vec<ScoreRow>)> = Vec::new();
@@ -79,13 +103,13 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     let mut aligned: Vec<(&str, Vec<&[f64]>)> = Vec::new();
     for (label, mine) in &methods {
         let sigma = correlation::align(&format!("scores.{label}"), mine, &format!("scores.{reference}"), &refs)?;
-        rows.extend(correlation::correlate(label, reference, &sigma, &ref_sigma, bins));
+        rows.extend(correlation::correlate(label, reference, &sigma, &ref_sigma, &at, bins));
         aligned.push((label, sigma));
     }
     if p.pairs == Pairs::All {
         for (i, (a, sigma_a)) in aligned.iter().enumerate() {
             for (b, sigma_b) in &aligned[i + 1..] {
-                rows.extend(correlation::correlate(a, b, sigma_a, sigma_b, bins));
+                rows.extend(correlation::correlate(a, b, sigma_a, sigma_b, &at, bins));
             }
         }
     }
@@ -96,8 +120,12 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     let segments: usize = ref_sigma.iter().map(|s| s.len()).sum();
     let _ = write!(
         md,
-        "{} traces, {segments} segments, {bins} position bins. Segment t of T sits at (t + ½)/T. `bin`: pairs (σ_method, σ_{reference}) pooled over traces within a position window; `from_right`: the last fraction 1 − pos_lo of every trace (the paper's x-axis); `per_trace`: the coefficient within each trace, averaged over the `n` traces where it is defined. – = undefined (fewer than 2 pairs or a constant side). `spearman_p`, `pearson_p`: two-sided p-values against no correlation, as scipy's `spearmanr`/`pearsonr` give them; they take the pooled segments as independent, which segments of one trace are not, so they overstate the evidence (a mean over traces has none).\n\n",
-        refs.len()
+        "{} traces, {segments} segments, {bins} position bins. {} `bin`: pairs (σ_method, σ_{reference}) pooled over traces within a position window; `from_right`: the last fraction 1 − pos_lo of every trace (the paper's x-axis); `per_trace`: the coefficient within each trace, averaged over the `n` traces where it is defined. – = undefined (fewer than 2 pairs or a constant side). `spearman_p`, `pearson_p`: two-sided p-values against no correlation, as scipy's `spearmanr`/`pearsonr` give them; they take the pooled segments as independent, which segments of one trace are not, so they overstate the evidence (a mean over traces has none).\n\n",
+        refs.len(),
+        match p.position {
+            Position::Segments => "Segment t of T sits at (t + ½)/T (param `position = \"segments\"`).",
+            Position::Tokens => "A segment sits at its middle token as a fraction of its trace's tokens: [s, e) of n at ((s + e)/2)/n (param `position = \"tokens\"`).",
+        }
     );
     if p.pairs == Pairs::All {
         *md += "With `pairs = \"all\"`, the rows whose `reference` is another method pair the two methods the same way (each pair once).\n\n";
@@ -264,14 +292,14 @@ fn fig7(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
     Ok(())
 }
 
-pub const STAGE: Builtin = Builtin { name: "analysis", version: "2", runs_in: Executable::Engine, run };
+pub const STAGE: Builtin = Builtin { name: "analysis", version: "3", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: AnalysisParams = ctx.params()?;
     let title = p.title.clone();
     let out = ctx.output("report")?.to_path_buf();
-    let groups = ["scores", "completions", "mc_sd"];
-    if groups.iter().all(|g| members(ctx, g).is_empty()) {
+    let groups = ["scores", "completions", "mc_sd", "segments"];
+    if groups[..3].iter().all(|g| members(ctx, g).is_empty()) {
         bail!("stage `{}`: nothing to analyse (wire inputs `scores.<method>`, `completions.<label>` or `mc_sd.<label>`)", ctx.instance);
     }
     let mut md = format!("# {title}\n\n");
@@ -319,7 +347,7 @@ mod tests {
     fn ctx(dir: &Path, inputs: &[(&str, Schema)], params: Value) -> StageContext {
         let out = dir.join("out");
         std::fs::create_dir_all(&out).unwrap();
-        let mut p: Map<String, Value> = json!({ "title": "T", "reference": "mc", "bins": 2, "pairs": "reference", "sd_threshold": 0.1 }).as_object().unwrap().clone();
+        let mut p: Map<String, Value> = json!({ "title": "T", "reference": "mc", "bins": 2, "pairs": "reference", "position": "segments", "sd_threshold": 0.1 }).as_object().unwrap().clone();
         p.extend(params.as_object().unwrap().clone());
         StageContext {
             instance: "analysis".into(),
@@ -342,6 +370,37 @@ mod tests {
             .map(|(id, s)| ScoreRow { prompt_id: id.to_string(), sample_idx: 0, r: vec![0.0; s.len() + 1], v: vec![0.0; s.len() + 1], sigma: s.to_vec(), method: "m".into() })
             .collect();
         write_rows(&dir.join(format!("{name}.parquet")), Schema::Scores, &rows).unwrap();
+    }
+
+    /// `position = "tokens"`: segments sit at their middle token, read from the one
+    /// `segments.<label>` input; without it, or with it under `position = "segments"`, an error.
+    #[test]
+    fn fig4_by_token_position_reads_the_segmentation() {
+        use crate::artifact::rows::SegmentRow;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // One trace of segments of 1, 1 and 8 tokens: by index, two are in the last half; by
+        // token, only the long one.
+        scores(d, "scores.mc", &[("a", &[0.2, 0.3, 0.5])]);
+        scores(d, "scores.x", &[("a", &[0.1, 0.2, 0.7])]);
+        let seg = SegmentRow { prompt_id: "a".into(), sample_idx: 0, seg_starts: vec![0, 1, 2], seg_ends: vec![1, 2, 10], method: "entropy".into() };
+        write_rows(&d.join("segments.seg.parquet"), Schema::Segments, &[seg]).unwrap();
+        let scores_in = [("scores.mc", Schema::Scores), ("scores.x", Schema::Scores)];
+        let with_segments = [scores_in[0], scores_in[1], ("segments.seg", Schema::Segments)];
+        let last_half_n = |md: &str| md.lines().find(|l| l.starts_with("| x | mc | from_right | 0.500 |")).and_then(|l| l.split('|').nth(10)).map(|n| n.trim().to_string());
+        let mut c = ctx(d, &with_segments, json!({ "position": "tokens" }));
+        run(&mut c).unwrap();
+        let md = std::fs::read_to_string(d.join("out/results.md")).unwrap();
+        assert!(md.contains("at its middle token") && md.contains("- segments.seg:"), "{md}");
+        assert_eq!(last_half_n(&md).as_deref(), Some("1"), "{md}");
+        let mut c = ctx(d, &scores_in, json!({}));
+        run(&mut c).unwrap();
+        let md = std::fs::read_to_string(d.join("out/results.md")).unwrap();
+        assert_eq!(last_half_n(&md).as_deref(), Some("2"), "{md}");
+        let e = run(&mut ctx(d, &scores_in, json!({ "position": "tokens" }))).unwrap_err().to_string();
+        assert!(e.contains("position = \"tokens\" needs one input `segments.<label>`") && e.contains("0 wired"), "{e}");
+        let e = run(&mut ctx(d, &with_segments, json!({}))).unwrap_err().to_string();
+        assert!(e.contains("input `segments.seg` is read only with position = \"tokens\""), "{e}");
     }
 
     #[derive(Serialize)]
