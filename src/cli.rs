@@ -97,8 +97,9 @@ pub struct ServeArgs {
     /// Default and upper bound of a request's `max_tokens`.
     #[arg(long, default_value_t = 512)]
     pub max_new_tokens: usize,
-    /// Most sequences decoded at once: concurrent requests with equal sampling params share these
-    /// slots, a finished sequence's slot taking the next waiting one (continuous batching).
+    /// Most sequences decoded at once: concurrent requests share these slots, each row sampled
+    /// with its own params, a finished sequence's slot taking the next waiting one (continuous
+    /// batching).
     #[arg(long, default_value_t = 16)]
     pub max_batch: usize,
     /// libtorch CPU threads (0 = its default).
@@ -260,6 +261,8 @@ pub fn main(rt: &Runtime, serve: Option<ServeFn>) -> i32 {
                 .unwrap_or_else(|_| filter.into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, not into a pipe or a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     match dispatch(cli, rt, serve) {
         Ok(code) => code,
@@ -412,6 +415,10 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             } else {
                 format!(", {} reused", summary.reused.len())
             };
+            // A dry run said what it would do above; "0 ran" would read as a run that did nothing.
+            if dry_run {
+                return Ok(if summary.failed.is_empty() { 0 } else { 1 });
+            }
             eprintln!(
                 "pipeline {}{}: {} ran, {} cached{reused}, {} failed, {} not run in {:.2}s{}",
                 p.name,
@@ -464,6 +471,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
         }
         Cmd::Stage(StageCmd::Exec { key, force }) => {
             let store = Store::open(&root)?;
+            let key = store.planned_key(&key)?;
             // SIGINT/SIGTERM kill us as before, except while an external command runs: then they
             // are passed on to its process group and nothing is committed.
             signals::install_handlers(false);
@@ -843,7 +851,11 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
                 command, script, ..
             } => {
                 println!(
-                    "runs       {command:?}{}",
+                    "runs       {}{}",
+                    match command {
+                        crate::engine::defs::Command::Shell(line) => format!("sh -c {line:?}"),
+                        crate::engine::defs::Command::Argv(argv) => format!("{argv:?}"),
+                    },
                     script
                         .as_ref()
                         .map(|s| format!(" (script {})", s.display()))

@@ -611,6 +611,9 @@ fn a_corrupt_large_input_is_never_read_and_verify_finds_what_was_built_from_it()
         s["keys"]["big"].as_str().unwrap().to_string(),
         s["keys"]["sum"].as_str().unwrap().to_string(),
     );
+    // `stage exec` takes the short key `pipeline run` prints, as `artifact show` does.
+    let out = p.run(&["stage", "exec", &sum[..12]]);
+    assert!(out.status.success() && text(&out.stderr).contains("already committed"), "{}", text(&out.stderr));
     let sum_txt = |key: &str| {
         std::fs::read_to_string(
             p.store()
@@ -1008,6 +1011,7 @@ fn read_only_commands_never_create_a_store() {
         "{}",
         text(&out.stderr)
     );
+    assert!(!text(&out.stderr).contains(" ran, "), "a dry run prints no run summary: {}", text(&out.stderr));
     assert!(!p.store().exists(), "a read-only command created the store");
 }
 

@@ -137,7 +137,7 @@ impl LocalExecutor {
                     r.group.signal(libc::SIGTERM);
                     r.term_sent = Some(Instant::now());
                     r.timed_out = Some(format!(
-                        "ran longer than its time limit resources.time = \"{text}\" ({}s) and was killed; nothing was committed (raise resources.time in the stage file)",
+                        "ran longer than its time limit resources.time = \"{text}\" ({}s) and was killed; nothing was committed (raise resources.time in the stage file or the pipeline's [[stage]] entry)",
                         limit.as_secs()
                     ));
                     tracing::info!(key = %short(key), "time limit reached");
@@ -227,7 +227,8 @@ impl Executor for LocalExecutor {
             let status = child.wait();
             let (ok, message) = match status {
                 Ok(s) if s.success() => (true, String::new()),
-                Ok(s) => (false, describe_exit(s)),
+                // The `stage exec` process's status; an external command's own is in the log.
+                Ok(s) => (false, format!("stage process: {}", describe_exit(s))),
                 Err(e) => (false, e.to_string()),
             };
             drop(group);

@@ -293,6 +293,31 @@ impl Store {
         )
     }
 
+    /// The planned instance whose key is `key` or the one that starts with it (the short keys
+    /// `pipeline run` prints); a prefix no spec has is returned as it is, for [`Self::read_spec`]
+    /// to say that nothing is planned under it.
+    pub fn planned_key(&self, key: &str) -> Result<String> {
+        let dir = self.root.join("specs");
+        if key.is_empty() || self.spec_path(key).is_file() {
+            return Ok(key.to_string());
+        }
+        let found: Vec<String> = fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json").map(str::to_string))
+            .filter(|k| k.starts_with(key))
+            .collect();
+        match found.as_slice() {
+            [k] => Ok(k.clone()),
+            [] => Ok(key.to_string()),
+            many => Err(EngineError::Store {
+                path: dir,
+                message: format!("key prefix `{key}` is ambiguous ({} planned instances)", many.len()),
+            }),
+        }
+    }
+
     pub fn read_spec(&self, key: &str) -> Result<InstanceSpec> {
         let p = self.spec_path(key);
         let text = fs::read(&p).map_err(|e| EngineError::Store {
