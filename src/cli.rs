@@ -405,35 +405,34 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
             }
-            let counters = summary
-                .counters
-                .iter()
-                .map(|(k, v)| format!(" {k}={v}"))
-                .collect::<String>();
-            let reused = if summary.reused.is_empty() {
-                String::new()
-            } else {
-                format!(", {} reused", summary.reused.len())
-            };
             // A dry run said what it would do above; "0 ran" would read as a run that did nothing.
-            if dry_run {
-                return Ok(if summary.failed.is_empty() { 0 } else { 1 });
-            }
-            eprintln!(
-                "pipeline {}{}: {} ran, {} cached{reused}, {} failed, {} not run in {:.2}s{}",
-                p.name,
-                if summary.interrupted {
-                    " interrupted"
+            if !dry_run {
+                let counters = summary
+                    .counters
+                    .iter()
+                    .map(|(k, v)| format!(" {k}={v}"))
+                    .collect::<String>();
+                let reused = if summary.reused.is_empty() {
+                    String::new()
                 } else {
-                    ""
-                },
-                summary.ran.len(),
-                summary.cached.len(),
-                summary.failed.len(),
-                summary.not_run.len(),
-                summary.wall_s,
-                counters
-            );
+                    format!(", {} reused", summary.reused.len())
+                };
+                eprintln!(
+                    "pipeline {}{}: {} ran, {} cached{reused}, {} failed, {} not run in {:.2}s{}",
+                    p.name,
+                    if summary.interrupted {
+                        " interrupted"
+                    } else {
+                        ""
+                    },
+                    summary.ran.len(),
+                    summary.cached.len(),
+                    summary.failed.len(),
+                    summary.not_run.len(),
+                    summary.wall_s,
+                    counters
+                );
+            }
             // Interrupted: 128 + the signal, as a shell reports it (130 for Ctrl-C, 143 for SIGTERM).
             Ok(match summary.signal {
                 Some(sig) => 128 + sig,

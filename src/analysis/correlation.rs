@@ -94,8 +94,13 @@ pub struct TracePositions {
     total2: u64,
 }
 
-/// Segment t of T at (t + ½)/T.
-pub fn by_segment(total: usize) -> TracePositions {
+/// Each trace's segments by index (trace i has `sigma[i].len()` segments): segment t of T at
+/// (t + ½)/T.
+pub fn by_segment(sigma: &[&[f64]]) -> Vec<TracePositions> {
+    sigma.iter().map(|s| of_segments(s.len())).collect()
+}
+
+fn of_segments(total: usize) -> TracePositions {
     TracePositions { centres2: (0..total as u64).map(|t| 2 * t + 1).collect(), total2: 2 * total as u64 }
 }
 
@@ -117,8 +122,7 @@ pub fn by_token(member: &str, rows: &[SegmentRow], reference: &str, refs: &[Scor
         if ends.len() != want.sigma.len() {
             bail!("{at}: {} segments, but reference `{reference}` row {i} scores {}: wire the segmentation the methods scored", ends.len(), want.sigma.len());
         }
-        let starts = std::iter::once(0).chain(ends.iter().copied());
-        out.push(TracePositions { centres2: starts.zip(&ends).map(|(s, &e)| (s + e) as u64).collect(), total2: 2 * n as u64 });
+        out.push(TracePositions { centres2: got.seg_starts.iter().zip(&ends).map(|(&s, &e)| (s as usize + e) as u64).collect(), total2: 2 * n as u64 });
     }
     Ok(out)
 }
@@ -204,8 +208,8 @@ mod tests {
 
     #[test]
     fn segments_fall_in_the_bin_of_their_centre() {
-        let bins = |total: usize, bins: usize| by_segment(total).centres2.iter().map(|&c| bin_of(c, 2 * total as u64, bins)).collect::<Vec<_>>();
-        let last = |total: usize, j: usize, bins: usize| by_segment(total).centres2.iter().filter(|&&c| in_last(c, 2 * total as u64, j, bins)).count();
+        let bins = |total: usize, bins: usize| of_segments(total).centres2.iter().map(|&c| bin_of(c, 2 * total as u64, bins)).collect::<Vec<_>>();
+        let last = |total: usize, j: usize, bins: usize| of_segments(total).centres2.iter().filter(|&&c| in_last(c, 2 * total as u64, j, bins)).count();
         // T = 4, 2 bins: centres 1/8, 3/8 | 5/8, 7/8.
         assert_eq!(bins(4, 2), vec![0, 0, 1, 1]);
         // T = 3, 3 bins: one segment each; T = 1: the middle bin.
@@ -232,7 +236,7 @@ mod tests {
         let m: Vec<&[f64]> = m.iter().map(|v| v.as_slice()).collect();
         let rf: Vec<&[f64]> = refs.iter().map(|r| r.sigma.as_slice()).collect();
         let n_last_half = |p: &[TracePositions]| view(&correlate("x", "mc", &m, &rf, p, 2), "from_right")[0].n;
-        assert_eq!((n_last_half(&by_segment_all(&rf)), n_last_half(&at)), (2, 1));
+        assert_eq!((n_last_half(&by_segment(&rf)), n_last_half(&at)), (2, 1));
 
         let err = |rows: &[SegmentRow]| by_token("segments.s", rows, "scores.mc", &refs).unwrap_err().to_string();
         let e = err(&[segs("p", 0, &[1, 10])]);
@@ -247,15 +251,11 @@ mod tests {
         assert!(e.contains("segmented twice"), "{e}");
     }
 
-    fn by_segment_all(sigma: &[&[f64]]) -> Vec<TracePositions> {
-        sigma.iter().map(|s| by_segment(s.len())).collect()
-    }
-
     #[test]
     fn identical_reversed_and_constant_sigma() {
         let reference = [vec![0.1, 0.2, 0.3, 0.4], vec![0.4, 0.1, 0.3, 0.2]];
         let refs: Vec<&[f64]> = reference.iter().map(|v| v.as_slice()).collect();
-        let same = correlate("same", "mc", &refs, &refs, &by_segment_all(&refs), 2);
+        let same = correlate("same", "mc", &refs, &refs, &by_segment(&refs), 2);
         assert_eq!(same.len(), 2 + 2 + 1);
         for r in &same {
             assert!((r.spearman - 1.0).abs() < 1e-12 && (r.pearson - 1.0).abs() < 1e-12, "{r:?}");
@@ -266,13 +266,13 @@ mod tests {
 
         let negated: Vec<Vec<f64>> = reference.iter().map(|v| v.iter().map(|x| -x).collect()).collect();
         let neg: Vec<&[f64]> = negated.iter().map(|v| v.as_slice()).collect();
-        for r in correlate("rev", "mc", &neg, &refs, &by_segment_all(&refs), 2) {
+        for r in correlate("rev", "mc", &neg, &refs, &by_segment(&refs), 2) {
             assert!((r.spearman + 1.0).abs() < 1e-12 && (r.pearson + 1.0).abs() < 1e-12, "{r:?}");
         }
 
         let flat = [vec![0.25; 4], vec![0.25; 4]];
         let flat: Vec<&[f64]> = flat.iter().map(|v| v.as_slice()).collect();
-        let rows = correlate("uniform", "mc", &flat, &refs, &by_segment_all(&refs), 2);
+        let rows = correlate("uniform", "mc", &flat, &refs, &by_segment(&refs), 2);
         assert!(rows.iter().all(|r| r.spearman.is_nan() && r.pearson.is_nan()), "{rows:?}");
         assert_eq!(view(&rows, "per_trace")[0].n, 0, "no trace has a defined correlation");
         assert_eq!(view(&rows, "bin")[1].n, 4, "undefined windows still count their pairs");
@@ -286,7 +286,7 @@ mod tests {
         let rf = [vec![1.0, 2.0, 2.0, 1.0], vec![4.0, 3.0, 0.0, -1.0]];
         let m: Vec<&[f64]> = m.iter().map(|v| v.as_slice()).collect();
         let rf: Vec<&[f64]> = rf.iter().map(|v| v.as_slice()).collect();
-        let rows = correlate("x", "mc", &m, &rf, &by_segment_all(&rf), 2);
+        let rows = correlate("x", "mc", &m, &rf, &by_segment(&rf), 2);
         let bins = view(&rows, "bin");
         assert!((bins[0].spearman - 0.8).abs() < 1e-12, "{:?}", bins[0]);
         assert!((bins[1].spearman + 1.0).abs() < 1e-12, "{:?}", bins[1]);

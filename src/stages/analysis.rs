@@ -60,11 +60,11 @@ enum Position {
 
 /// Fig. 4's segment positions: by index, or (`position = "tokens"`) by token from the one
 /// `segments.<label>` input, which is read for nothing else.
-fn positions(ctx: &StageContext, p: &AnalysisParams, refs: &[ScoreRow]) -> Result<Vec<TracePositions>> {
+fn positions(ctx: &StageContext, p: &AnalysisParams, refs: &[ScoreRow], ref_sigma: &[&[f64]]) -> Result<Vec<TracePositions>> {
     let wired = members(ctx, "segments");
     let reference = format!("scores.{}", p.reference);
     match (p.position, wired.as_slice()) {
-        (Position::Segments, []) => Ok(refs.iter().map(|r| correlation::by_segment(r.sigma.len())).collect()),
+        (Position::Segments, []) => Ok(correlation::by_segment(ref_sigma)),
         (Position::Segments, [(label, _), ..]) => bail!("stage `{}`: input `segments.{label}` is read only with position = \"tokens\" (position is \"segments\")", ctx.instance),
         (Position::Tokens, [(label, path)]) => correlation::by_token(&format!("segments.{label}"), &read_rows(path, Schema::Segments)?, &reference, refs),
         (Position::Tokens, _) => bail!("stage `{}`: position = \"tokens\" needs one input `segments.<label>`, the segmentation the methods scored ({} wired)", ctx.instance, wired.len()),
@@ -93,7 +93,7 @@ fn fig4(ctx: &mut StageContext, p: &AnalysisParams, out: &Path, md: &mut String,
         bail!("input `scores.{reference}` ({}): no rows", ref_path.display());
     }
     let ref_sigma: Vec<&[f64]> = refs.iter().map(|r| r.sigma.as_slice()).collect();
-    let at = positions(ctx, p, &refs)?;
+    let at = positions(ctx, p, &refs, &ref_sigma)?;
     let mut rows: Vec<CorrelationRow> = Vec::new();
     // Every method's σ in the reference's trace order, so that any two can be paired.
     let mut methods: Vec<(&str, Vec<ScoreRow>)> = Vec::new();
@@ -298,8 +298,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: AnalysisParams = ctx.params()?;
     let title = p.title.clone();
     let out = ctx.output("report")?.to_path_buf();
-    let groups = ["scores", "completions", "mc_sd", "segments"];
-    if groups[..3].iter().all(|g| members(ctx, g).is_empty()) {
+    // What is analysed; `segments` only places Fig. 4's segments.
+    let analysed = ["scores", "completions", "mc_sd"];
+    let groups = [&analysed[..], &["segments"]].concat();
+    if analysed.iter().all(|g| members(ctx, g).is_empty()) {
         bail!("stage `{}`: nothing to analyse (wire inputs `scores.<method>`, `completions.<label>` or `mc_sd.<label>`)", ctx.instance);
     }
     let mut md = format!("# {title}\n\n");
