@@ -59,6 +59,12 @@ fn hit_miss_matrix_reruns_exactly_the_affected_instances() {
     let s = p.run_ok(&pl, &["--set", "triple.factor=4"]);
     // count reruns; its output is byte-identical, so plus stays cached (early cutoff).
     assert_eq!(names(&s, "ran"), vec!["count"]);
+    // explain names what an external stage's code is: the file's version and the script's bytes.
+    use sha2::Digest;
+    let script_sha = hex::encode(sha2::Sha256::digest(std::fs::read(p.path().join("scripts/count.sh")).unwrap()));
+    let out = p.run(&["pipeline", "explain", pl.to_str().unwrap(), "count"]);
+    let ex = String::from_utf8_lossy(&out.stdout);
+    assert!(ex.contains(&format!("code       version 1 (the stage file's), the command, script sha256 {}", &script_sha[..12])), "{ex}");
 
     // The chain's params: all four steps and final.
     let s = p.run_ok(&pl, &["--set", "triple.factor=4", "--set", "train.step.decay=0.25"]);
