@@ -283,6 +283,47 @@ fn unknown_kind_missing_output_cycle_and_bad_params_are_clear_errors() {
     assert!(p.committed().is_empty(), "nothing ran");
 }
 
+/// Mistakes that would otherwise be read as something else: a carry that wires nothing (every
+/// step would read step 0's input), a NaN param (null in the key), an empty `file:` path (the
+/// pipeline's folder), names that read as chain steps, a stage folder that is not there.
+#[test]
+fn plan_mistakes_that_would_run_something_else_are_errors() {
+    let p = Project::new();
+    let chain = |carry: &str| {
+        format!("[[stage]]\nname = \"n\"\nuses = \"demo_numbers\"\n[[chain]]\nname = \"tr\"\nrepeat = 2\ncarry = {{ {carry} }}\n  [[chain.stage]]\n  name = \"step\"\n  uses = \"demo_step\"\n  inputs = {{ state = \"n.table\" }}\n")
+    };
+    let err = fails(&p, &p.pipeline("typo", &chain("\"step.stat\" = \"step.state\"")), &[]);
+    assert!(err.contains("carry `step.stat`") && err.contains("no input `stat`") && err.contains("state"), "{err}");
+    let err = fails(&p, &p.pipeline("other", &chain("\"stepx.state\" = \"step.state\"")), &[]);
+    assert!(err.contains("carry `stepx.state`") && err.contains("chain `tr` has no stage `stepx` (its stages: step)"), "{err}");
+    // The right carry plans.
+    let out = p.run(&["pipeline", "explain", p.pipeline("right", &chain("\"step.state\" = \"step.state\"")).to_str().unwrap(), "tr.step[1]"]);
+    assert!(out.status.success() && text(&out.stdout).contains("state (table) <- tr.step[0].state"), "{}{}", text(&out.stdout), text(&out.stderr));
+
+    let ok = p.pipeline("n", "[[stage]]\nname = \"n\"\nuses = \"demo_numbers\"\n[[stage]]\nname = \"d\"\nuses = \"demo_scale\"\ninputs = { table = \"n.table\" }\n");
+    for set in ["d.factor=nan", "d.factor=inf", "d.factor=-inf"] {
+        let err = fails(&p, &ok, &["--set", set]);
+        assert!(err.contains("NaN and infinity are not allowed"), "{set}: {err}");
+    }
+    let err = fails(&p, &p.pipeline("nan", "[[stage]]\nname = \"n\"\nuses = \"demo_numbers\"\n[[stage]]\nname = \"d\"\nuses = \"demo_scale\"\ninputs = { table = \"n.table\" }\nparams = { factor = nan }\n"), &[]);
+    assert!(err.contains("param `factor`") && err.contains("NaN and infinity are not allowed"), "{err}");
+    let err = fails(&p, &ok, &["--set", "d.inputs.table=file:"]);
+    assert!(err.contains("`file:` names no path"), "{err}");
+
+    for name in ["", "a.b", "s[2]", "two words"] {
+        let err = fails(&p, &p.pipeline("names", &format!("[[stage]]\nname = \"{name}\"\nuses = \"demo_numbers\"\n")), &[]);
+        assert!(err.contains("is not a stage or chain name"), "{name:?}: {err}");
+    }
+    let err = fails(&p, &p.pipeline("local", &chain("").replace("name = \"step\"", "name = \"st.ep\"")), &[]);
+    assert!(err.contains("`st.ep` is not a stage or chain name"), "{err}");
+    let twice = chain("").replace("  [[chain.stage]]", "  [[chain.stage]]\n  name = \"step\"\n  uses = \"demo_step\"\n  inputs = { state = \"n.table\" }\n  [[chain.stage]]").replacen("  name = \"step\"\n  uses = \"demo_step\"\n  inputs = { state = \"n.table\" }\n  [[chain.stage]]\n", "", 0);
+    let err = fails(&p, &p.pipeline("twice", &twice), &[]);
+    assert!(err.contains("duplicate stage name in its chain"), "{err}");
+    let err = fails(&p, &p.write("dirs.toml", "stage_dirs = [\"no-such-dir\"]\n[[stage]]\nname = \"n\"\nuses = \"demo_numbers\"\n"), &[]);
+    assert!(err.contains("stage_dirs") && err.contains("no-such-dir") && err.contains("is not a directory"), "{err}");
+    assert!(p.committed().is_empty(), "nothing ran");
+}
+
 #[test]
 fn failing_external_command_shows_stderr_tail_and_caches_nothing() {
     let p = Project::new();

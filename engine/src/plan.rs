@@ -163,6 +163,7 @@ impl SetArg {
                 return Err(bad("expected stage.inputs.NAME=stage.output or file:path"));
             }
             let text = match text.trim().strip_prefix("file:") {
+                Some(path) if path.trim().is_empty() => return Err(bad("`file:` names no path")),
                 // Relative to where the command runs, not to the pipeline file.
                 Some(path) => format!(
                     "file:{}",
@@ -242,7 +243,7 @@ fn coerce(
     raw_text: Option<&str>,
 ) -> std::result::Result<toml::Value, String> {
     use toml::Value as T;
-    match (default, value) {
+    let coerced = match (default, value) {
         (T::Float(_), T::Integer(i)) => Ok(T::Float(*i as f64)),
         (T::String(_), v) if !matches!(v, T::String(_)) => match raw_text {
             Some(text) => Ok(T::String(text.to_string())),
@@ -255,6 +256,21 @@ fn coerce(
             type_name(v),
             v
         )),
+    }?;
+    // A key is hashed from JSON, which has no NaN or infinity (they would all read as null).
+    if !finite(&coerced) {
+        return Err(format!("`{value}`: NaN and infinity are not allowed in params"));
+    }
+    Ok(coerced)
+}
+
+/// Whether every float in `v` is finite.
+fn finite(v: &toml::Value) -> bool {
+    match v {
+        toml::Value::Float(f) => f.is_finite(),
+        toml::Value::Array(a) => a.iter().all(finite),
+        toml::Value::Table(t) => t.values().all(finite),
+        _ => true,
     }
 }
 
@@ -464,6 +480,9 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
             .to_string()
     });
     let mut dirs: Vec<PathBuf> = pf.stage_dirs.iter().map(|d| pdir.join(d)).collect();
+    if let Some(d) = dirs.iter().find(|d| !d.is_dir()) {
+        return Err(EngineError::Parse { path: file.to_path_buf(), message: format!("stage_dirs: `{}` is not a directory", d.display()) });
+    }
     dirs.push(pdir.join("../stages"));
     dirs.push(pdir.join("stages"));
     dirs.push(PathBuf::from("stages"));
@@ -530,7 +549,16 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
 
     let mut pending: Vec<Pending> = Vec::new();
     let mut seen_names: HashMap<String, ()> = HashMap::new();
+    // `.` and `[i]` address a chain's stages and steps, and `.` an output: a name holding them
+    // would read as another stage's.
+    let check_name = |n: &str| -> Result<()> {
+        if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            return Err(wiring(n, format!("`{n}` is not a stage or chain name: use letters, digits, `_` and `-`")));
+        }
+        Ok(())
+    };
     let mut check_unique = |n: &str| -> Result<()> {
+        check_name(n)?;
         if seen_names.insert(n.to_string(), ()).is_some() {
             return Err(wiring(n, "duplicate stage name".into()));
         }
@@ -615,6 +643,25 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
     for c in &chains {
         check_unique(&c.name)?;
         let locals: Vec<String> = c.stage.iter().map(|s| s.name.clone()).collect();
+        for (i, local) in locals.iter().enumerate() {
+            check_name(local)?;
+            if locals[..i].contains(local) {
+                return Err(wiring(&format!("{}.{local}", c.name), "duplicate stage name in its chain".into()));
+            }
+        }
+        // A carry that names no input of the chain's stages would be dropped, and every step
+        // would read step 0's input.
+        for key in c.carry.keys() {
+            let bad = |m: String| wiring(&c.name, format!("carry `{key}`: {m}"));
+            let (stage, input) = key.split_once('.').ok_or_else(|| bad("expected \"STAGE.INPUT\"".into()))?;
+            let su = c.stage.iter().find(|su| su.name == stage).ok_or_else(|| {
+                bad(format!("chain `{}` has no stage `{stage}` (its stages: {})", c.name, locals.join(", ")))
+            })?;
+            let kind = loader.load(file, &su.name, su.uses.as_deref().unwrap_or(&su.name))?;
+            if !kind.inputs.contains_key(input) {
+                return Err(bad(format!("stage kind `{}` has no input `{input}` (its inputs: {})", kind.name, kind.describe_inputs())));
+            }
+        }
         for i in 0..c.repeat {
             for su in &c.stage {
                 let base = format!("{}.{}", c.name, su.name);
@@ -895,6 +942,9 @@ fn resolve_ref(
     pdir: &Path,
 ) -> std::result::Result<InputRef, String> {
     if let Some(path) = raw.strip_prefix("file:") {
+        if path.trim().is_empty() {
+            return Err("`file:` names no path".into());
+        }
         let full = pdir.join(path);
         if !full.exists() {
             return Err(format!("file `{}` does not exist", full.display()));
