@@ -26,6 +26,24 @@ pub fn prompt_text(prompt: &str) -> String {
     prompt.to_string()
 }
 
+/// The text of a chat message's `content`: a string, or OpenAI's list of `{type: "text", text}`
+/// parts, concatenated as Qwen's and Llama's chat templates write them; `None` for anything else
+/// (an image part, a number).
+pub fn message_content_text(content: &serde_json::Value) -> Option<String> {
+    match content {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(parts) => parts
+            .iter()
+            .map(|p| match (p.get("type").and_then(|t| t.as_str()), p.get("text").and_then(|t| t.as_str())) {
+                (Some("text"), Some(t)) => Some(t),
+                _ => None,
+            })
+            .collect::<Option<Vec<&str>>>()
+            .map(|t| t.concat()),
+        _ => None,
+    }
+}
+
 /// Lowercase, whitespace runs collapsed to one space, trimmed.
 pub fn normalize(text: &str) -> String {
     text.split_whitespace()

@@ -230,3 +230,39 @@ fn skipped_and_removed_rows_are_listed_in_the_skipped_tables() {
     assert_eq!(f[0].id.as_deref(), Some("d-00002"));
     assert!(f[0].detail.contains("\"5\""), "{:?}", f[0]);
 }
+
+/// An imported file's name is part of the key: the rows are named after it (`source`, ids) and
+/// its extension picks the parser, so a copy under another name is imported again, not served
+/// the first one's rows.
+#[test]
+fn a_renamed_copy_of_an_imported_file_is_imported_under_its_own_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let row = "{\"question\": \"What is 1+1?\", \"answer\": \"1 + 1 = 2\\n#### 2\"}\n";
+    std::fs::write(dir.path().join("good.jsonl"), row).unwrap();
+    std::fs::write(dir.path().join("aime25.jsonl"), row).unwrap();
+    let p = write_pipeline(dir.path(), "[[stage]]\nname = \"imp\"\nuses = \"import\"\ninputs = { source = \"file:good.jsonl\" }\n");
+    let store = dir.path().join("store");
+    run_pipeline(&store, &p, &[]).success();
+    let copy = format!("imp.inputs.source=file:{}", dir.path().join("aime25.jsonl").display());
+    let status = Command::cargo_bin("rredcot").unwrap().arg("--store").arg(&store).args(["pipeline", "status"]).arg(&p).args(["--set", &copy]).output().unwrap();
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(status.contains("input source file name: \"good.jsonl\" -> \"aime25.jsonl\""), "{status}");
+    run_pipeline(&store, &p, &["--set", &copy]).success();
+    let mut sources = Vec::new();
+    for e in std::fs::read_dir(store.join("instances")).unwrap() {
+        let rows: Vec<(String, String)> = rredcot::artifact::read_table_columns::<IdSource>(&e.unwrap().path().join("outputs/prompts.parquet"), &["id", "source"])
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.id, r.source))
+            .collect();
+        sources.extend(rows);
+    }
+    sources.sort();
+    assert_eq!(sources, [("aime25-00000".to_string(), "aime25".to_string()), ("good-00000".to_string(), "good".to_string())]);
+}
+
+#[derive(serde::Deserialize)]
+struct IdSource {
+    id: String,
+    source: String,
+}

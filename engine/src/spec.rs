@@ -45,6 +45,24 @@ pub struct InputSpec {
     pub source: InputSource,
 }
 
+/// The schema of an input that is one opaque file, which a stage may read by its name (an
+/// importer picks its parser by the extension and names its rows after the file).
+pub const FILE_SCHEMA: &str = "file";
+
+impl InputSpec {
+    /// The name the stage sees, for a `file` input: its content hash alone would let two files
+    /// of one content but different names share a key.
+    pub fn file_name(&self) -> Option<String> {
+        if self.schema != FILE_SCHEMA {
+            return None;
+        }
+        Some(match &self.source {
+            InputSource::File { path } => path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            InputSource::Instance { output, .. } => output.clone(),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct InstanceSpec {
     pub key: String,
@@ -69,8 +87,17 @@ impl InstanceSpec {
             RunnerSpec::Builtin { name, .. } => json!({ "builtin": name }),
             RunnerSpec::External { command, script_sha256, .. } => json!({ "command": command, "script_sha256": script_sha256 }),
         };
-        let inputs: Map<String, Value> =
-            self.inputs.iter().map(|(n, i)| (n.clone(), json!({ "schema": i.schema, "hash": i.hash }))).collect();
+        let inputs: Map<String, Value> = self
+            .inputs
+            .iter()
+            .map(|(n, i)| {
+                let mut input = json!({ "schema": i.schema, "hash": i.hash });
+                if let Some(name) = i.file_name() {
+                    input["name"] = json!(name);
+                }
+                (n.clone(), input)
+            })
+            .collect();
         json!({
             "key_format": KEY_FORMAT,
             "kind": self.kind,
@@ -129,6 +156,11 @@ pub fn explain_change(old: &Value, new: &Value) -> Vec<String> {
         let (a, b) = (h(io.get(n)), h(inw.get(n)));
         if a != b {
             why.push(format!("input {n} changed: {} -> {}", a.unwrap_or("none".into()), b.unwrap_or("none".into())));
+        }
+        let file_name = |v: Option<&Value>| v.and_then(|x| x.get("name")).cloned();
+        let (a, b) = (file_name(io.get(n)), file_name(inw.get(n)));
+        if a != b {
+            why.push(format!("input {n} file name: {} -> {}", a.unwrap_or(Value::Null), b.unwrap_or(Value::Null)));
         }
     }
     why

@@ -37,12 +37,14 @@ use arrow::datatypes::{
     DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type,
     UInt32Type, UInt64Type, UInt8Type,
 };
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::skipped::{self, SkippedRow};
 use crate::artifact::rows::PromptRow;
 use crate::artifact::{read_batches, write_rows, Schema};
 use crate::engine::{Builtin, Executable, StageContext};
+use crate::prompt_text::message_content_text;
 
 /// One data row of the source file: its JSON object, or why it could not be read.
 #[derive(Debug)]
@@ -72,15 +74,18 @@ pub fn read_source(path: &Path) -> anyhow::Result<(Vec<SourceRow>, BTreeSet<Stri
 
 fn read_jsonl(path: &Path) -> anyhow::Result<(Vec<SourceRow>, BTreeSet<String>)> {
     let bytes = std::fs::read(path).with_context(|| format!("{}: reading", path.display()))?;
+    // Editors on Windows start UTF-8 files with a byte-order mark.
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let mut rows = Vec::new();
     let mut columns = BTreeSet::new();
     if bytes.trim_ascii_start().starts_with(b"[") {
         // A `.json` file holding one array of objects.
-        let text = std::str::from_utf8(&bytes)
+        let text = std::str::from_utf8(bytes)
             .map_err(|e| anyhow!("{}: not UTF-8 at byte {}", path.display(), e.valid_up_to()))?;
-        let items: Vec<Value> = serde_json::from_str(text)
+        let items: Vec<Box<RawValue>> = serde_json::from_str(text)
             .map_err(|e| anyhow!("{}: invalid JSON array: {e}", path.display()))?;
-        for (i, v) in items.into_iter().enumerate() {
+        for (i, raw) in items.into_iter().enumerate() {
+            let v = exact_json(raw.get()).map_err(|e| anyhow!("{}: element {i}: {e}", path.display()))?;
             let Value::Object(obj) = v else {
                 bail!("{}: element {i}: expected a JSON object", path.display());
             };
@@ -101,8 +106,14 @@ fn read_jsonl(path: &Path) -> anyhow::Result<(Vec<SourceRow>, BTreeSet<String>)>
         if text.trim().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(text)
-            .map_err(|e| anyhow!("{}: line {line_no}: invalid JSON: {e}", path.display()))?;
+        let v = exact_json(text).map_err(|e| {
+            let hint = if e.is_eof() {
+                " (one JSON object per line is expected, or a .json file holding one array of objects)"
+            } else {
+                ""
+            };
+            anyhow!("{}: line {line_no}: invalid JSON: {e}{hint}", path.display())
+        })?;
         let Value::Object(obj) = v else {
             bail!(
                 "{}: line {line_no}: expected a JSON object per line",
@@ -113,6 +124,38 @@ fn read_jsonl(path: &Path) -> anyhow::Result<(Vec<SourceRow>, BTreeSet<String>)>
         rows.push(SourceRow::Ok(obj));
     }
     Ok((rows, columns))
+}
+
+/// A JSON text as a value whose numbers keep every digit written: one that an f64 or a 64-bit
+/// integer would round (a 23-digit integer answer, 17 significant digits) is kept as its text.
+fn exact_json(text: &str) -> serde_json::Result<Value> {
+    let t = text.trim();
+    match t.as_bytes().first() {
+        Some(b'{') => {
+            let fields: BTreeMap<String, Box<RawValue>> = serde_json::from_str(t)?;
+            fields.into_iter().map(|(k, v)| Ok((k, exact_json(v.get())?))).collect::<serde_json::Result<Map<_, _>>>().map(Value::Object)
+        }
+        Some(b'[') => {
+            let items: Vec<Box<RawValue>> = serde_json::from_str(t)?;
+            items.iter().map(|v| exact_json(v.get())).collect::<serde_json::Result<Vec<_>>>().map(Value::Array)
+        }
+        Some(b'-' | b'0'..=b'9') => {
+            let v: Value = serde_json::from_str(t)?;
+            Ok(if number_is_exact(t, &v) { v } else { Value::String(t.to_string()) })
+        }
+        _ => serde_json::from_str(t),
+    }
+}
+
+/// Whether a JSON number's text reads exactly as `v`: an integer fits 64 bits, a fraction has at
+/// most 15 significant digits (what an f64 keeps for any decimal).
+fn number_is_exact(text: &str, v: &Value) -> bool {
+    if !text.contains(['.', 'e', 'E']) {
+        return v.is_i64() || v.is_u64();
+    }
+    let mantissa = text.split(['e', 'E']).next().unwrap_or("");
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    digits.trim_start_matches('0').trim_end_matches('0').len() <= 15
 }
 
 fn read_parquet(path: &Path) -> anyhow::Result<(Vec<SourceRow>, BTreeSet<String>)> {
@@ -188,7 +231,11 @@ fn to_json(arr: &dyn Array) -> Result<Vec<Result<Value, ()>>, String> {
         DataType::UInt16 => prim!(UInt16Type),
         DataType::UInt32 => prim!(UInt32Type),
         DataType::UInt64 => prim!(UInt64Type),
-        DataType::Float32 => prim!(Float32Type),
+        // As the f32 was written (0.1, not the f64 0.10000000149011612 it widens to).
+        DataType::Float32 => {
+            let a = arr.as_primitive::<Float32Type>();
+            rows(&|i| a.value(i).to_string().parse::<f64>().map(|f| json!(f)).unwrap_or(Value::Null))
+        }
         DataType::Float64 => prim!(Float64Type),
         DataType::Utf8 => {
             let a = arr.as_string::<i32>();
@@ -260,7 +307,16 @@ fn to_json(arr: &dyn Array) -> Result<Vec<Result<Value, ()>>, String> {
                 })
                 .collect()
         }
-        t => return Err(format!("unsupported Parquet type {t}")),
+        DataType::Dictionary(_, values) => {
+            let plain = arrow::compute::cast(arr, values).map_err(|e| format!("reading a dictionary column: {e}"))?;
+            to_json(plain.as_ref())?
+        }
+        // Timestamps, dates, decimals, ...: their text as Arrow prints it.
+        _ => {
+            let fmt = arrow::util::display::ArrayFormatter::try_new(arr, &Default::default())
+                .map_err(|e| format!("unsupported Parquet type {}: {e}", arr.data_type()))?;
+            rows(&|i| Value::String(fmt.value(i).to_string()))
+        }
     })
 }
 
@@ -501,21 +557,23 @@ fn cell_text(v: Option<&Value>) -> Option<String> {
     (!s.trim().is_empty()).then_some(s)
 }
 
-/// A prompt cell: plain text, or chat messages kept as a JSON array of `{role, content}`.
-fn prompt_value(v: Option<&Value>) -> Option<String> {
-    match v? {
-        Value::Array(msgs) => {
-            let clean: Vec<Value> = msgs
-                .iter()
-                .filter_map(|m| Some(json!({"role": m.get("role")?.as_str()?, "content": m.get("content")?.as_str()?})))
-                .collect();
-            let has_user_text = clean.iter().any(|m| {
-                m["role"] == "user" && !m["content"].as_str().unwrap_or("").trim().is_empty()
-            });
-            has_user_text.then(|| Value::Array(clean).to_string())
-        }
-        other => cell_text(Some(other)),
+/// A prompt cell: plain text, or chat messages kept as a JSON array of `{role, content}` (a
+/// content of text parts as its text); `Ok(None)` without text to ask, `Err` naming a message
+/// that has no role or no text content (it would otherwise be dropped from the prompt).
+fn prompt_value(v: Option<&Value>) -> Result<Option<String>, String> {
+    let Some(v) = v else { return Ok(None) };
+    let Value::Array(msgs) = v else { return Ok(cell_text(Some(v))) };
+    let mut clean = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str).ok_or_else(|| format!("message {i} has no role"))?;
+        let content = m
+            .get("content")
+            .and_then(message_content_text)
+            .ok_or_else(|| format!("message {i} ({role}): its content is neither text nor a list of text parts"))?;
+        clean.push(json!({"role": role, "content": content}));
     }
+    let has_user_text = clean.iter().any(|m| m["role"] == "user" && !m["content"].as_str().unwrap_or("").trim().is_empty());
+    Ok(has_user_text.then(|| Value::Array(clean).to_string()))
 }
 
 /// Split a GSM8K worked answer `… #### N` into (solution, answer).
@@ -542,6 +600,8 @@ pub struct ImportReport {
     pub rows_read: i64,
     pub skipped_non_utf8: i64,
     pub skipped_no_prompt: i64,
+    /// Chat prompts with a message that has no role or no text content.
+    pub skipped_bad_message: i64,
     pub missing_solution: i64,
     pub missing_answer: i64,
     /// Answers read out of a `\boxed{}` (`answer_col = "boxed:COL"`).
@@ -600,7 +660,15 @@ pub fn convert(
                 continue;
             }
         };
-        let Some(prompt) = prompt_value(get_path(&obj, &m.prompt)) else {
+        let prompt = match prompt_value(get_path(&obj, &m.prompt)) {
+            Ok(p) => p,
+            Err(why) => {
+                rep.skipped_bad_message += 1;
+                skipped.push(skip(row_idx, "skipped_bad_message", format!("{}: column `{}`: {why}", file.display(), m.prompt)));
+                continue;
+            }
+        };
+        let Some(prompt) = prompt else {
             rep.skipped_no_prompt += 1;
             let detail = format!(
                 "{}: column `{}` is {}",
@@ -698,8 +766,9 @@ pub(crate) struct ImportParams {
 }
 
 // Version 3: `qa` layout (auto: question/answer files without `####`); a default solution column
-// may be absent.
-pub const STAGE: Builtin = Builtin { name: "import", version: "3", runs_in: Executable::Engine, run };
+// may be absent. Version 4: numbers as written (f32 cells, JSON numbers a double would round),
+// chat contents of text parts, Parquet types beyond JSON's as their text.
+pub const STAGE: Builtin = Builtin { name: "import", version: "4", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
     let p: ImportParams = ctx.params()?;
@@ -729,6 +798,7 @@ pub fn run(ctx: &mut StageContext) -> anyhow::Result<()> {
     ctx.count("rows_read", rep.rows_read);
     ctx.count("skipped_non_utf8", rep.skipped_non_utf8);
     ctx.count("skipped_no_prompt", rep.skipped_no_prompt);
+    ctx.count("skipped_bad_message", rep.skipped_bad_message);
     ctx.count("missing_solution", rep.missing_solution);
     ctx.count("missing_answer", rep.missing_answer);
     if m.answer_in_box {
@@ -997,6 +1067,7 @@ mod tests {
                 rows_read: 5,
                 skipped_non_utf8: 1,
                 skipped_no_prompt: 1,
+                skipped_bad_message: 0,
                 missing_solution: 1,
                 missing_answer: 2,
                 answers_from_boxes: 0
@@ -1084,5 +1155,107 @@ mod tests {
         );
         let meta: Value = serde_json::from_str(&rows[0].meta).unwrap();
         assert_eq!(meta["extra"]["note"], "ok");
+    }
+
+    /// Answers as the file writes them: an f32 cell is not widened to its f64 digits, a JSON
+    /// integer too long for 64 bits or a fraction with more digits than a double keeps stays its
+    /// text; numbers a double holds read as before.
+    #[test]
+    fn numbers_keep_every_digit_the_file_writes() {
+        use arrow::array::Float32Array;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f32.parquet");
+        let batch = RecordBatch::try_from_iter(vec![
+            ("problem", Arc::new(StringArray::from(vec!["a?", "b?", "c?"])) as ArrayRef),
+            ("solution", Arc::new(StringArray::from(vec!["s", "s", "s"])) as ArrayRef),
+            ("answer", Arc::new(Float32Array::from(vec![0.1, 3.3, 1234.567])) as ArrayRef),
+        ])
+        .unwrap();
+        crate::artifact::write_batch(&p, &batch).unwrap();
+        let (rows, _) = import(&p, "hf", ["", "", "", ""]).unwrap();
+        let answers: Vec<_> = rows.iter().map(|r| r.answer.as_deref().unwrap()).collect();
+        assert_eq!(answers, ["0.1", "3.3", "1234.567"]);
+
+        let p = dir.path().join("big.jsonl");
+        let lines = [
+            "12345678901234567890123",
+            "-98765432109876543210",
+            "3.14159265358979323846",
+            "0.1",
+            "5",
+            "2.5e3",
+            "18446744073709551615",
+        ];
+        let body: String = lines.iter().map(|a| format!("{{\"problem\": \"p{a}\", \"solution\": \"s\", \"answer\": {a}, \"extra\": {{\"n\": [{a}]}}}}\n")).collect();
+        std::fs::write(&p, body).unwrap();
+        let (rows, _) = import(&p, "hf", ["", "", "", ""]).unwrap();
+        let answers: Vec<_> = rows.iter().map(|r| r.answer.clone().unwrap()).collect();
+        assert_eq!(answers, ["12345678901234567890123", "-98765432109876543210", "3.14159265358979323846", "0.1", "5", "2500.0", "18446744073709551615"]);
+        // Nested numbers too (they go into meta).
+        let meta: Value = serde_json::from_str(&rows[0].meta).unwrap();
+        assert_eq!(meta["extra"]["extra"]["n"][0], "12345678901234567890123");
+        assert!(!number_is_exact("1.0000000000000001", &json!(1.0)));
+        assert!(number_is_exact("0.000000000000001", &json!(1e-15)));
+    }
+
+    /// OpenAI-style content parts are the message's text; a message without text is a listed
+    /// skip, never a message dropped from the prompt.
+    #[test]
+    fn chat_contents_of_text_parts_are_kept_and_other_parts_are_listed_skips() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("parts.jsonl");
+        let row = |prompt: Value| json!({"prompt": prompt, "reward_model": {"ground_truth": "4"}, "data_source": "d"}).to_string();
+        let rows = [
+            row(json!([{"role": "system", "content": [{"type": "text", "text": "You are careful."}]}, {"role": "user", "content": "What is 2+2?"}])),
+            row(json!([{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "3+1?"}]}])),
+            row(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])),
+            row(json!([{"content": "no role"}])),
+        ];
+        std::fs::write(&p, rows.join("\n")).unwrap();
+        let (out, rep, skipped) = import_all(&p, "auto", ["", "", "", ""]).unwrap();
+        assert_eq!(out[0].prompt, r#"[{"content":"You are careful.","role":"system"},{"content":"What is 2+2?","role":"user"}]"#);
+        assert_eq!(out[1].prompt, r#"[{"content":"What is 3+1?","role":"user"}]"#);
+        assert_eq!((out.len(), rep.skipped_bad_message), (2, 2));
+        let named: Vec<_> = skipped.iter().map(|s| (s.row, s.reason.as_str())).collect();
+        assert_eq!(named, [(2, "skipped_bad_message"), (3, "skipped_bad_message")]);
+        assert!(skipped[0].detail.contains("parts.jsonl") && skipped[0].detail.contains("message 0 (user)"), "{:?}", skipped[0]);
+        assert!(skipped[1].detail.contains("message 0 has no role"), "{:?}", skipped[1]);
+    }
+
+    /// A byte-order mark is not part of the first row; a JSON object over several lines is an
+    /// error that says what is expected.
+    #[test]
+    fn a_byte_order_mark_is_skipped_and_a_multi_line_object_is_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bom.jsonl");
+        std::fs::write(&p, "\u{feff}{\"question\": \"q\", \"answer\": \"1 #### 1\"}\n").unwrap();
+        let (rows, _) = import(&p, "auto", ["", "", "", ""]).unwrap();
+        assert_eq!(rows[0].answer.as_deref(), Some("1"));
+        std::fs::write(&p, "{\n  \"question\": \"q\",\n  \"answer\": \"1 #### 1\"\n}\n").unwrap();
+        let err = import(&p, "auto", ["", "", "", ""]).unwrap_err().to_string();
+        assert!(err.contains("bom.jsonl: line 1: invalid JSON") && err.contains("one JSON object per line"), "{err}");
+    }
+
+    /// Columns of types JSON lacks (a timestamp, a pandas categorical) do not stop an import:
+    /// they go into meta as their text.
+    #[test]
+    fn parquet_columns_of_other_types_read_as_their_text() {
+        use arrow::array::{DictionaryArray, TimestampMicrosecondArray};
+        use arrow::datatypes::Int8Type;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ts.parquet");
+        let cat: DictionaryArray<Int8Type> = vec!["easy", "hard"].into_iter().collect();
+        let batch = RecordBatch::try_from_iter(vec![
+            ("question", Arc::new(StringArray::from(vec!["a?", "b?"])) as ArrayRef),
+            ("answer", Arc::new(StringArray::from(vec!["x #### 1", "y #### 2"])) as ArrayRef),
+            ("created", Arc::new(TimestampMicrosecondArray::from(vec![0, 86_400_000_000])) as ArrayRef),
+            ("level", Arc::new(cat) as ArrayRef),
+        ])
+        .unwrap();
+        crate::artifact::write_batch(&p, &batch).unwrap();
+        let (rows, _) = import(&p, "auto", ["", "", "", ""]).unwrap();
+        let meta: Value = serde_json::from_str(&rows[1].meta).unwrap();
+        assert_eq!(meta["extra"]["created"], "1970-01-02T00:00:00");
+        assert_eq!(meta["extra"]["level"], "hard");
     }
 }

@@ -95,17 +95,11 @@ fn parse_enable_thinking(obj: &serde_json::Map<String, Value>) -> Result<bool, A
 /// The text of a message's `content`: a string, or an array of `{type: "text", text}` parts.
 fn content_text(v: &Value, i: usize) -> Result<String, ApiError> {
     match v {
-        Value::String(s) => Ok(s.clone()),
         Value::Null => Ok(String::new()),
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                (Some("text"), Some(t)) => Ok(t),
-                _ => Err(bad(format!("messages[{i}].content: only text parts are supported"))),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(|t| t.concat()),
-        _ => Err(bad(format!("messages[{i}].content must be a string or an array of text parts"))),
+        v => rredcot::prompt_text::message_content_text(v).ok_or_else(|| match v {
+            Value::Array(_) => bad(format!("messages[{i}].content: only text parts are supported")),
+            _ => bad(format!("messages[{i}].content must be a string or an array of text parts")),
+        }),
     }
 }
 
