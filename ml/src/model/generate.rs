@@ -49,6 +49,26 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<i64>,
 }
 
+impl SamplingParams {
+    /// What makes these params unsampleable, naming the param; `None` when they can be sampled.
+    pub fn invalid(&self) -> Option<String> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Some(format!("temperature {} is not a finite number >= 0 (0 = greedy)", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Some(format!("top_p {} is outside (0, 1]", self.top_p));
+        }
+        if self.top_k < 0 {
+            return Some(format!("top_k {} is negative (0 = off)", self.top_k));
+        }
+        // An empty string is in every text: every row would stop at its first token.
+        if let Some(i) = self.stop_strings.iter().position(String::is_empty) {
+            return Some(format!("stop_strings[{i}] is empty"));
+        }
+        None
+    }
+}
+
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {
@@ -347,11 +367,8 @@ fn check_rows(
 /// The sampling params a request may have: temperature, top-p, top-k, stop strings (which need
 /// a tokenizer).
 fn check_params(tokenizer: Option<&Tokenizer>, p: &SamplingParams) -> Result<()> {
-    if !(p.top_p > 0.0 && p.top_p <= 1.0) || p.temperature < 0.0 || p.top_k < 0 {
-        return Err(ModelError::Request(format!(
-            "invalid sampling params: temperature {}, top_p {}, top_k {}",
-            p.temperature, p.top_p, p.top_k
-        )));
+    if let Some(why) = p.invalid() {
+        return Err(ModelError::Request(format!("invalid sampling params: {why}")));
     }
     check_stop_strings(tokenizer, &p.stop_strings)
 }

@@ -48,6 +48,18 @@ pub struct SamplerParams {
 }
 
 impl SamplerParams {
+    /// Params that would sample nothing or nonsense, refused before a model is loaded (an empty
+    /// artifact cached as a result would look like a policy that answers nothing).
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.max_new_tokens == 0 {
+            anyhow::bail!("param max_new_tokens = 0: a completion needs at least 1 token");
+        }
+        if let Some(why) = self.sampling().invalid() {
+            anyhow::bail!("params: {why}");
+        }
+        Ok(())
+    }
+
     /// What the model core's sampler takes.
     pub fn sampling(&self) -> SamplingParams {
         SamplingParams {
@@ -697,6 +709,31 @@ pub fn window(prompts: Vec<PromptRow>, limit: usize, batch_index: usize) -> Vec<
 mod tests {
     use super::*;
     use std::path::Path;
+
+    /// Params that sample nothing (no token, a stop in every text) or that no sampler takes are
+    /// refused naming the param, for every sampling stage (they share these params).
+    #[test]
+    fn sampler_params_that_sample_nothing_are_refused_naming_the_param() {
+        for kind in ["rollout", "eval", "score_mc", "reset_random"] {
+            let shipped = crate::stages::tests::shipped_params(kind);
+            let read = |edit: (&str, serde_json::Value)| {
+                let mut p = shipped.clone();
+                p.insert(edit.0.into(), edit.1);
+                serde_json::from_value::<SamplerParams>(serde_json::Value::Object(p)).unwrap().check()
+            };
+            assert!(read(("seed", 1.into())).is_ok(), "{kind}: shipped params");
+            for (edit, says) in [
+                (("max_new_tokens", 0.into()), "max_new_tokens = 0"),
+                (("stop_strings", serde_json::json!(["</answer>", ""])), "stop_strings[1] is empty"),
+                (("top_p", 1.5.into()), "top_p 1.5 is outside (0, 1]"),
+                (("temperature", (-0.5).into()), "temperature -0.5"),
+                (("top_k", (-1).into()), "top_k -1 is negative"),
+            ] {
+                let e = read(edit.clone()).unwrap_err().to_string();
+                assert!(e.contains(says), "{kind} {edit:?}: {e}");
+            }
+        }
+    }
 
     /// A byte-level BPE trained on the default world's (thinking) solutions, as the quickstart's.
     fn tokenizer() -> Tokenizer {

@@ -107,6 +107,7 @@ fn model_core<'a>(name: &'a str, p: &'a SamplerParams) -> impl FnOnce(&StageCont
 /// inference engine ([`crate::sampling::http`]; only the config and tokenizer are read here) that returns
 /// `logprobs.top_logprobs` logprobs per token (`None`: a stage that keeps no logprobs).
 fn load_sampler(ctx: &StageContext, name: &str, p: &SamplerParams, logprobs: Option<&EngineLogprobs>) -> Result<(Sampler, Tokenizer)> {
+    p.check()?;
     let engine_params: http::HttpParams = ctx.params()?;
     let top_logprobs = logprobs.map_or(0, |l| l.top_logprobs);
     match p.backend {
