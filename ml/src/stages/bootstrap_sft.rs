@@ -56,6 +56,32 @@ struct SftParams {
     eval_max_new_tokens: usize,
 }
 
+impl SftParams {
+    /// Params that would not train, refused before anything is read, naming the param.
+    fn check(&self) -> Result<()> {
+        if self.steps == 0 || self.batch_size == 0 {
+            bail!("bootstrap_sft: steps and batch_size must be positive");
+        }
+        if !matches!(self.dtype, model::DtypeChoice::F32 | model::DtypeChoice::Auto) {
+            bail!("bootstrap_sft: dtype must be f32 or auto: the model trains in float32");
+        }
+        crate::train::OptimizerParams { lr: self.lr, min_lr_ratio: self.min_lr_ratio, weight_decay: self.weight_decay, grad_clip: self.grad_clip, adam: None }
+            .check()
+            .map_err(|e| anyhow::anyhow!("bootstrap_sft: {e}"))?;
+        if self.warmup_steps > self.steps {
+            bail!("bootstrap_sft: warmup_steps = {} is more than steps = {}: the learning rate would never reach lr", self.warmup_steps, self.steps);
+        }
+        if !(0.0..=1.0).contains(&self.teacher_skip_rate) {
+            bail!("bootstrap_sft: teacher_skip_rate must be in [0, 1], got {}", self.teacher_skip_rate);
+        }
+        // Each head takes hidden / heads dimensions; each key-value head serves heads / kv_heads.
+        if self.heads <= 0 || self.kv_heads <= 0 || self.hidden % self.heads != 0 || self.heads % self.kv_heads != 0 {
+            bail!("bootstrap_sft: hidden = {} must be a multiple of heads = {}, and heads of kv_heads = {}", self.hidden, self.heads, self.kv_heads);
+        }
+        Ok(())
+    }
+}
+
 /// The Qwen2 config of the model trained here, from the stage's architecture params.
 fn qwen2_config(p: &SftParams, tok: &Tokenizer) -> Result<ModelConfig> {
     let vocab = tok.vocab_size() as i64;
@@ -157,15 +183,10 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (steps, batch_size, warmup, lr) = (p.steps, p.batch_size, p.warmup_steps, p.lr);
     let (min_lr_ratio, weight_decay, clip) = (p.min_lr_ratio, p.weight_decay, p.grad_clip);
     let (eval_n, eval_max_new) = (p.eval_n, p.eval_max_new_tokens);
-    if steps == 0 || batch_size == 0 {
-        bail!("bootstrap_sft: steps and batch_size must be positive");
-    }
+    p.check()?;
     tch::manual_seed(seed as i64);
     let opts = model::LoadOptions { device: p.device, dtype: p.dtype };
     let device = opts.device()?;
-    if !matches!(p.dtype, model::DtypeChoice::F32 | model::DtypeChoice::Auto) {
-        bail!("bootstrap_sft: dtype must be f32 or auto: the model trains in float32");
-    }
     opts.apply_matmul_precision(device)?;
 
     let tok_dir = ctx.input("tokenizer")?.to_path_buf();
@@ -177,9 +198,6 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         bail!("{}: no training problems", train_path.display());
     }
     let skip_rate = p.teacher_skip_rate;
-    if !(0.0..=1.0).contains(&skip_rate) {
-        bail!("bootstrap_sft: teacher_skip_rate must be in [0, 1], got {skip_rate}");
-    }
     // Which demonstrations skip their last step: fixed per row (the teacher's dataset), drawn
     // from its own stream so the rate does not change the batch order.
     let mut teacher_rng = ChaCha8Rng::seed_from_u64(seed);
@@ -284,6 +302,34 @@ mod tests {
         wrong.insert("steps".into(), "many".into());
         let e = rredcot::engine::context::parse_params::<SftParams>("sft", &wrong).unwrap_err().to_string();
         assert!(e.contains("stage `sft`: param `steps`"), "{e}");
+    }
+
+    /// What would not train is refused naming the param, before the first step (torch said
+    /// "Invalid learning rate: -1" behind a C++ backtrace; min_lr_ratio 5 or a warmup longer
+    /// than the run trained on).
+    #[test]
+    fn params_that_would_not_train_are_refused_naming_the_param() {
+        let shipped = super::super::tests::shipped_params("bootstrap_sft");
+        let check = |edits: &[(&str, serde_json::Value)]| {
+            let mut p = shipped.clone();
+            for (k, v) in edits {
+                p.insert(k.to_string(), v.clone());
+            }
+            rredcot::engine::context::parse_params::<SftParams>("sft", &p).unwrap().check().map_err(|e| e.to_string())
+        };
+        assert_eq!(check(&[]), Ok(()));
+        for (edits, says) in [
+            (vec![("lr", (-1.0).into())], "param lr = -1 must be positive"),
+            (vec![("lr", 0.0.into())], "param lr = 0 must be positive"),
+            (vec![("weight_decay", (-1.0).into())], "param weight_decay = -1 is negative"),
+            (vec![("grad_clip", (-1.0).into())], "param grad_clip = -1 is negative"),
+            (vec![("min_lr_ratio", 5.0.into())], "param min_lr_ratio = 5 is outside [0, 1]"),
+            (vec![("warmup_steps", 1000.into()), ("steps", 20.into())], "warmup_steps = 1000 is more than steps = 20"),
+            (vec![("heads", 3.into()), ("hidden", 64.into())], "hidden = 64 must be a multiple of heads = 3"),
+        ] {
+            let e = check(&edits).unwrap_err();
+            assert!(e.contains(says), "{edits:?}: {e}");
+        }
     }
 
     #[test]

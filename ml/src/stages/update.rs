@@ -34,6 +34,7 @@ use super::{load_policy_f32, use_threads};
 use crate::model::{self, DecoderLm, DeviceChoice, LoadOptions, Tokenizer};
 use crate::traces::encode_prompt;
 use crate::train::adamw::{AdamW, AdamWConfig};
+use crate::train::OptimizerParams;
 use crate::train::grpo::{self, Sequence, UpdateConfig};
 use crate::train::loss::{check_credit_with_is, IsLevel, LossConfig, LossType};
 use crate::train::step::{TrainDtype, TrainModel};
@@ -116,9 +117,27 @@ impl UpdateParams {
             beta: self.beta,
             kl_bias_correction: self.kl_bias_correction,
         };
-        if self.inner_epochs == 0 || self.micro_batch_size == 0 || self.temperature <= 0.0 || self.total_steps == 0 {
-            bail!("stage `{stage}`: inner_epochs, micro_batch_size, temperature and total_steps must be positive");
+        if self.inner_epochs == 0 || self.micro_batch_size == 0 || self.temperature <= 0.0 || self.total_steps == 0 || self.max_completion_length == 0 {
+            bail!("stage `{stage}`: inner_epochs, micro_batch_size, temperature, total_steps and max_completion_length must be positive");
         }
+        // Past the run's end the cosine schedule would climb again.
+        if self.step >= self.total_steps {
+            bail!("stage `{stage}`: param step = {} is not below total_steps = {} (steps count from 0)", self.step, self.total_steps);
+        }
+        for (name, v) in [("epsilon_low", self.epsilon_low), ("epsilon_high", self.epsilon_high), ("beta", self.beta), ("reward_eps", self.reward_eps)] {
+            if !(v >= 0.0 && v.is_finite()) {
+                bail!("stage `{stage}`: param {name} = {v} must be a finite number >= 0");
+            }
+        }
+        OptimizerParams {
+            lr: self.lr,
+            min_lr_ratio: self.min_lr_ratio,
+            weight_decay: self.weight_decay,
+            grad_clip: self.grad_clip,
+            adam: Some((self.adam_beta1, self.adam_beta2, self.adam_eps)),
+        }
+        .check()
+        .map_err(|e| anyhow::anyhow!("stage `{stage}`: {e}"))?;
         let sigma_mix = self.sigma_mix;
         if !(0.0..=1.0).contains(&sigma_mix) {
             bail!("stage `{stage}`: sigma_mix = {sigma_mix} is outside [0, 1]");
@@ -335,5 +354,30 @@ mod tests {
         typo.insert("micro_batchsize".into(), 4.into());
         let e = parse_params::<UpdateParams>("update", &typo).unwrap_err().to_string();
         assert!(e.contains("unknown field `micro_batchsize`"), "{e}");
+    }
+
+    /// An update that would not train as asked is refused naming the param: gradient ascent,
+    /// betas outside [0, 1), a clip range turned inside out, a step past the run's end (the
+    /// cosine would climb again), dr_grpo's normalizer 0.
+    #[test]
+    fn update_params_that_would_not_train_are_refused_naming_the_param() {
+        use rredcot::engine::context::parse_params;
+        let check = |edit: (&str, serde_json::Value)| {
+            let mut p = shipped("update");
+            p.insert(edit.0.into(), edit.1);
+            parse_params::<UpdateParams>("update", &p).unwrap().checked("grpo.update[0]").map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert_eq!(check(("seed", 1.into())), Ok(()));
+        for (edit, says) in [
+            (("lr", (-1.0).into()), "param lr = -1 must be positive"),
+            (("adam_beta1", 1.5.into()), "param adam_beta1 = 1.5 is outside [0, 1)"),
+            (("adam_eps", 0.0.into()), "param adam_eps = 0 must be positive"),
+            (("epsilon_low", (-0.5).into()), "param epsilon_low = -0.5"),
+            (("step", 5.into()), "param step = 5 is not below total_steps = 1"),
+            (("max_completion_length", 0.into()), "max_completion_length must be positive"),
+        ] {
+            let e = check(edit.clone()).unwrap_err();
+            assert!(e.contains("stage `grpo.update[0]`") && e.contains(says), "{edit:?}: {e}");
+        }
     }
 }
