@@ -352,6 +352,13 @@ fn failing_external_command_shows_stderr_tail_and_caches_nothing() {
     // The next run tries again (not cached).
     let err = fails(&p, &pl, &[]);
     assert!(err.contains("FAILED   boom"), "{err}");
+
+    // libtorch's errors end in a C++ backtrace: the tail shows the error, not 30 frames.
+    p.write("stages/torch_like.toml", "command = \"echo 'Internal torch error: Invalid learning rate: -1' >&2; echo 'Exception raised from AdamW at adamw.h:69 (most recent call first):' >&2; for i in $(seq 0 29); do echo \\\"frame #$i: <unknown function> + 0x1c90d27\\\" >&2; done; exit 1\"\n[outputs]\nout = \"dir\"\n");
+    let err = fails(&p, &p.pipeline("torch", "[[stage]]\nname = \"torch_like\"\n"), &[]);
+    assert!(err.contains("  | Internal torch error: Invalid learning rate: -1") && !err.contains("  | frame #"), "{err}");
+    let log = std::fs::read_dir(p.store().join("logs")).unwrap().map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap()).collect::<String>();
+    assert!(log.contains("frame #29: <unknown function>"), "the log keeps the frames: {log}");
 }
 
 #[test]

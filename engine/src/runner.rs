@@ -466,14 +466,22 @@ impl<'a> Scheduler<'a> {
     }
 }
 
-/// The last `n` lines of a log file, indented.
+/// The last `n` lines of a log file, indented; without progress lines, and without the frames of
+/// a C++ backtrace (libtorch's errors end in tens of `frame #N:` lines that would push the
+/// error itself out of the tail; the log keeps them).
 pub fn log_tail(path: &std::path::Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
+    let cpp_frame = |l: &str| {
+        l.strip_prefix("frame #")
+            .and_then(|rest| rest.split_once(": "))
+            .is_some_and(|(i, _)| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+    };
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| {
             !l.starts_with(super::context::PROGRESS_PREFIX)
                 && !l.starts_with(super::context::STATUS_PREFIX)
+                && !cpp_frame(l)
         })
         .collect();
     lines[lines.len().saturating_sub(n)..]
@@ -498,4 +506,3 @@ pub fn referenced_keys(plan: &Plan, store: &Store) -> Result<HashSet<String>> {
     }
     Ok(keys)
 }
-
