@@ -95,12 +95,12 @@ pub struct ServeArgs {
     #[arg(long, default_value = "auto")]
     pub dtype: String,
     /// Default and upper bound of a request's `max_tokens`.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_new_tokens: usize,
     /// Most sequences decoded at once: concurrent requests share these slots, each row sampled
     /// with its own params, a finished sequence's slot taking the next waiting one (continuous
     /// batching).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_batch: usize,
     /// libtorch CPU threads (0 = its default).
     #[arg(long, default_value_t = 0)]

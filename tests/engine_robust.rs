@@ -1063,6 +1063,17 @@ fn read_only_commands_never_create_a_store() {
     assert!(!p.store().exists(), "a read-only command created the store");
 }
 
+/// `serve` refuses at start what would fail every request (no token to sample, no slot).
+#[test]
+fn serve_refuses_zero_tokens_or_slots_before_loading_anything() {
+    let p = Project::new();
+    for flag in ["--max-new-tokens", "--max-batch"] {
+        let out = p.run(&["serve", "--model", "no-such-model", flag, "0"]);
+        let err = text(&out.stderr);
+        assert!(!out.status.success() && err.contains(flag) && err.contains("0 is not in 1.."), "{flag}: {err}");
+    }
+}
+
 #[test]
 fn a_missing_file_is_reported_once() {
     let p = Project::new();

@@ -215,6 +215,7 @@ impl State {
     /// output options of a chat body.
     fn prepare(&self, body: &[u8]) -> Result<Prepared, ApiError> {
         let chat = parse_chat(body, self.max_new_tokens)?;
+        self.check_model(chat.model.as_deref())?;
         let prompt = self
             .tok
             .encode_chat_thinking(&chat.messages, chat.add_generation_prompt, chat.enable_thinking)
@@ -226,6 +227,7 @@ impl State {
     /// [`State::prepare`] for a `/v1/completions` body.
     fn prepare_completion(&self, body: &[u8]) -> Result<Prepared, ApiError> {
         let c = parse_completion(body, self.max_new_tokens)?;
+        self.check_model(c.model.as_deref())?;
         let prompt = match c.prompt {
             PromptInput::Text(t) => self.tok.encode(&t).map_err(|e| bad(format!("tokenizing the prompt: {e}")))?,
             PromptInput::Ids(ids) => ids,
@@ -236,6 +238,15 @@ impl State {
         }
         let p = self.admit(Reply::Completion(c.format), prompt, c.sampling, c.n, c.seed, c.stream)?;
         Ok(Prepared { output: c.output, ..p })
+    }
+
+    /// A request for another model than the one served is answered 404, as by OpenAI and vLLM,
+    /// rather than by this one.
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.name => Err(ApiError { status: 404, message: format!("The model `{m}` does not exist (this server serves `{}`).", self.name) }),
+            _ => Ok(()),
+        }
     }
 
     /// Checks the prompt against the context, clamps `max_tokens` to it and draws a seed (the

@@ -239,6 +239,13 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
     assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
     let (status, _) = raw(&server.url, "GET", "/v1/nothing", "");
     assert_eq!(status, 404);
+    // Another model than the one served: 404, as from OpenAI and vLLM, not this model's answer.
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let body = json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "max_tokens": 2});
+        let (status, err) = raw(&server.url, "POST", path, &body.to_string());
+        assert_eq!(status, 404, "{path}: {err}");
+        assert!(err["error"]["message"].as_str().unwrap().contains("The model `nope` does not exist (this server serves `tiny-sft`)"), "{err}");
+    }
     let body = json!({"model": "tiny-sft", "messages": [{"role": "user", "content": rows[0].question}], "n": 2, "seed": 5, "temperature": 1.0, "max_tokens": 8});
     let (status, resp) = raw(&server.url, "POST", "/v1/chat/completions", &body.to_string());
     assert_eq!(status, 200, "{resp}");

@@ -29,6 +29,8 @@ pub(super) fn error_body(e: &ApiError) -> Value {
 /// A parsed `/v1/chat/completions` body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatBody {
+    /// `model`, when given: the server answers only for the model it serves.
+    pub model: Option<String>,
     pub messages: Vec<ChatMessage>,
     pub sampling: SamplingParams,
     pub n: usize,
@@ -139,7 +141,16 @@ pub fn parse_chat(body: &[u8], max_new_tokens: usize) -> Result<ChatBody, ApiErr
     let logprobs = logprobs.then(|| top.unwrap_or(0));
     let add_generation_prompt = flag(&obj, "add_generation_prompt", true)?;
     let enable_thinking = parse_enable_thinking(&obj)?;
-    Ok(ChatBody { messages, sampling, n, seed, stream, logprobs, add_generation_prompt, enable_thinking, output: parse_output(&obj)? })
+    Ok(ChatBody { model: parse_model(&obj)?, messages, sampling, n, seed, stream, logprobs, add_generation_prompt, enable_thinking, output: parse_output(&obj)? })
+}
+
+/// The `model` a request names (OpenAI requires one; vLLM takes its served model without).
+fn parse_model(obj: &serde_json::Map<String, Value>) -> Result<Option<String>, ApiError> {
+    match obj.get("model") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(m)) => Ok(Some(m.clone())),
+        Some(_) => Err(bad("`model` must be a string")),
+    }
 }
 
 /// The request fields this server reads (either endpoint).
@@ -321,6 +332,8 @@ pub struct CompletionFormat {
 /// A parsed `/v1/completions` body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompletionBody {
+    /// As [`ChatBody::model`].
+    pub model: Option<String>,
     pub prompt: PromptInput,
     pub sampling: SamplingParams,
     pub n: usize,
@@ -361,7 +374,7 @@ pub fn parse_completion(body: &[u8], max_new_tokens: usize) -> Result<Completion
     };
     let (sampling, n, seed) = parse_sampling(&obj, max_new_tokens)?;
     let stream = parse_stream(&obj)?;
-    Ok(CompletionBody { prompt, sampling, n, seed, format, stream, output: parse_output(&obj)? })
+    Ok(CompletionBody { model: parse_model(&obj)?, prompt, sampling, n, seed, format, stream, output: parse_output(&obj)? })
 }
 
 #[cfg(test)]
