@@ -242,6 +242,10 @@ enum ArtifactCmd {
         /// Pipelines whose current instances are kept.
         #[arg(required = true)]
         pipelines: Vec<PathBuf>,
+        /// The `--set` of the runs to keep, as given to `pipeline run` (applied to every pipeline
+        /// named).
+        #[arg(long = "set", value_name = "STAGE.PARAM=VALUE")]
+        set: Vec<String>,
         #[arg(long)]
         dry_run: bool,
     },
@@ -286,12 +290,11 @@ fn store_root(cli_store: &Option<PathBuf>) -> PathBuf {
 }
 
 fn load(args: &PlanArgs, rt: &Runtime) -> Result<Plan> {
-    let sets = args
-        .sets
-        .iter()
-        .map(|s| SetArg::parse(s))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(load_plan(&args.pipeline, &sets, rt.catalog)?)
+    Ok(load_plan(&args.pipeline, &parse_sets(&args.sets)?, rt.catalog)?)
+}
+
+fn parse_sets(sets: &[String]) -> Result<Vec<SetArg>> {
+    Ok(sets.iter().map(|s| SetArg::parse(s)).collect::<Result<Vec<_>, _>>()?)
 }
 
 /// Replaces this process by the worker binary `w` with `args`.
@@ -346,6 +349,8 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                 }
                 store
             };
+            // Until the run ends: `artifact gc` waits its turn instead of removing what it reads.
+            let _in_use = if dry_run { None } else { Some(store.in_use()?) };
             let slurm = matches!(executor, ExecutorKind::Slurm);
             if profile.is_some() && !slurm {
                 bail!("--profile is for --executor slurm");
@@ -470,6 +475,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
         }
         Cmd::Stage(StageCmd::Exec { key, force }) => {
             let store = Store::open(&root)?;
+            let _in_use = store.in_use()?;
             let key = store.planned_key(&key)?;
             // SIGINT/SIGTERM kill us as before, except while an external command runs: then they
             // are passed on to its process group and nothing is committed.
@@ -507,16 +513,23 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             println!("verified {} instances: {} ok, {bad} corrupt, {sus} built from a corrupt or changed input", report.total, report.total - bad - sus);
             Ok(if bad + sus > 0 { 1 } else { 0 })
         }
-        Cmd::Artifact(ArtifactCmd::Gc { pipelines, dry_run }) => {
+        Cmd::Artifact(ArtifactCmd::Gc { pipelines, set, dry_run }) => {
             let store = Store::existing(&root)?;
+            let sets = parse_sets(&set)?;
+            // Whatever a run is reading stays: gc waits for no one, it says so and stops.
+            let _alone = match store.try_alone()? {
+                Some(lock) => lock,
+                None => bail!("a pipeline run or stage exec is using the store {}: gc would remove instances it is about to read; run gc when it has ended", store.root.display()),
+            };
             let mut keep = std::collections::HashSet::new();
             for p in &pipelines {
-                let plan = load_plan(p, &[], rt.catalog)?;
+                let plan = load_plan(p, &sets, rt.catalog)?;
                 keep.extend(referenced_keys(&plan, &store)?);
             }
-            let mut removed = 0;
+            let (mut kept, mut removed) = (0, 0);
             for key in store.instance_keys()? {
                 if keep.contains(&key) {
+                    kept += 1;
                     continue;
                 }
                 removed += 1;
@@ -533,11 +546,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
                     let _ = std::fs::remove_file(store.log_path(&key));
                 }
             }
-            println!(
-                "gc: kept {}, {} {removed}",
-                keep.len(),
-                if dry_run { "would remove" } else { "removed" }
-            );
+            println!("gc: kept {kept}, {} {removed}", if dry_run { "would remove" } else { "removed" });
             // After the instances: their outputs' remembered hashes go with them.
             let hashes = FileHashes::prune(&store.root, dry_run)?;
             println!(

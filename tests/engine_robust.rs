@@ -454,8 +454,13 @@ fn status_dag_explain_show_and_gc() {
     // A second variant leaves instances that the base pipeline no longer references.
     p.run_ok(&pl, &["--set", "numbers.n=20"]);
     let before = p.committed().len();
+    // Given the variant's --set, gc keeps the variant's instances instead.
+    let gc = p.run(&["artifact", "gc", pls, "--set", "numbers.n=20", "--dry-run"]);
+    let said = text(&gc.stdout);
+    assert!(gc.status.success() && said.contains(&format!("gc: kept 10, would remove {}", before - 10)), "{said}{}", text(&gc.stderr));
     let gc = p.run(&["artifact", "gc", pls]);
     assert!(gc.status.success(), "{}", text(&gc.stderr));
+    assert!(text(&gc.stdout).contains(&format!("gc: kept 10, removed {}", before - 10)), "kept counts the instances kept: {}", text(&gc.stdout));
     assert_eq!(
         p.committed().len(),
         10,
@@ -463,6 +468,29 @@ fn status_dag_explain_show_and_gc() {
     );
     let s = p.run_ok(&pl, &[]);
     assert!(names(&s, "ran").is_empty());
+}
+
+/// gc never removes what a run is about to read: while a run uses the store it refuses, naming
+/// why, and removes nothing.
+#[test]
+fn gc_refuses_while_a_run_uses_the_store() {
+    let p = Project::new();
+    let pl = slow_demo(&p);
+    let other = p.pipeline("other", "[[stage]]\nname = \"n\"\nuses = \"demo_numbers\"\nparams = { n = 3 }\n");
+    let mut run = p.cmd(&["pipeline", "run", pl.to_str().unwrap()]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    // Until the run has committed its first instance, so it certainly holds the store.
+    let t0 = std::time::Instant::now();
+    while p.committed().is_empty() {
+        assert!(t0.elapsed().as_secs() < 60, "the run committed nothing");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let gc = p.run(&["artifact", "gc", other.to_str().unwrap()]);
+    let err = text(&gc.stderr);
+    assert!(!gc.status.success() && err.contains("is using the store") && err.contains("run gc when it has ended"), "{err}");
+    assert!(run.wait().unwrap().success(), "the run went on to its end");
+    assert_eq!(p.committed().len(), 10);
+    let gc = p.run(&["artifact", "gc", other.to_str().unwrap()]);
+    assert!(gc.status.success() && text(&gc.stdout).contains("gc: kept 0, removed 10"), "{}{}", text(&gc.stdout), text(&gc.stderr));
 }
 
 #[test]

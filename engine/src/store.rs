@@ -235,6 +235,32 @@ impl Store {
         Ok(dest)
     }
 
+    /// Held shared by every process that runs instances on this store (`pipeline run`, `stage
+    /// exec`) while it runs, and exclusively by `artifact gc`, so gc never removes an instance a
+    /// run is about to read (readers take no instance lock).
+    pub fn in_use(&self) -> Result<InstanceLock> {
+        let path = self.use_lock_path();
+        let file = File::create(&path).at(&path)?;
+        file.lock_shared().at(&path)?;
+        Ok(InstanceLock { _file: file })
+    }
+
+    /// The store to itself (`artifact gc`), or `None` while a run holds [`Store::in_use`].
+    pub fn try_alone(&self) -> Result<Option<InstanceLock>> {
+        let path = self.use_lock_path();
+        let file = File::create(&path).at(&path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(InstanceLock { _file: file })),
+            Err(fs::TryLockError::WouldBlock) => Ok(None),
+            Err(fs::TryLockError::Error(e)) => Err(EngineError::Io { path, error: e }),
+        }
+    }
+
+    fn use_lock_path(&self) -> PathBuf {
+        // Not a key: instance locks are named by 64 hex digits.
+        self.root.join("locks").join("store-in-use.lock")
+    }
+
     pub fn lock(&self, key: &str) -> Result<InstanceLock> {
         let path = self.root.join("locks").join(format!("{key}.lock"));
         let file = File::create(&path).at(&path)?;
