@@ -435,8 +435,9 @@ impl<'a> Scheduler<'a> {
             }
             None => {
                 let tail = log_tail(&self.store.log_path(key), 20);
+                let disk = disk_full_note(&self.store.root, DISK_FULL_BYTES);
                 self.ui.line(&format!(
-                    "FAILED   {} ({}): {message}\n  log: {}\n{tail}",
+                    "FAILED   {} ({}): {message}{disk}\n  log: {}\n{tail}",
                     spec.instance,
                     short(key),
                     self.store.log_path(key).display()
@@ -464,6 +465,32 @@ impl<'a> Scheduler<'a> {
         self.summary.wall_s = t0.elapsed().as_secs_f64();
         Ok(self.summary)
     }
+}
+
+/// Below this much free space on the store's filesystem, a failure is blamed on it.
+const DISK_FULL_BYTES: u64 = 16 << 20;
+
+/// What to add to a failure when the store's disk is (nearly) full: a stage whose stderr is its
+/// log on that disk cannot even say what failed (Rust's `eprintln!` panics, exit code 101, empty
+/// log).
+fn disk_full_note(root: &std::path::Path, below: u64) -> String {
+    match free_bytes(root) {
+        Some(free) if free < below => format!(
+            " (the store's disk at {} has {} KiB free: a full disk is the likely cause; free space and rerun)",
+            root.display(),
+            free >> 10
+        ),
+        _ => String::new(),
+    }
+}
+
+/// Bytes an unprivileged process may still write on the filesystem holding `path`.
+fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// The last `n` lines of a log file, indented; without progress lines, and without the frames of
@@ -505,4 +532,21 @@ pub fn referenced_keys(plan: &Plan, store: &Store) -> Result<HashSet<String>> {
         done[i] = store.record(&spec.key).map(Arc::new);
     }
     Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_on_a_full_disk_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = free_bytes(dir.path()).expect("statvfs of a temp dir");
+        assert!(free > 0);
+        // Below the threshold (here: any free space at all), the note names the disk and its space.
+        let note = disk_full_note(dir.path(), u64::MAX);
+        assert!(note.contains(&format!("{} has ", dir.path().display())) && note.contains(" KiB free"), "{note}");
+        assert!(note.contains("a full disk is the likely cause"), "{note}");
+        assert_eq!(disk_full_note(dir.path(), 0), "");
+    }
 }

@@ -523,11 +523,15 @@ pub fn hash_source(path: &Path) -> Result<String> {
 
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut f = File::create(&tmp).at(&tmp)?;
-    f.write_all(bytes).at(&tmp)?;
-    f.sync_all().at(&tmp)?;
-    fs::rename(&tmp, path).at(path)?;
-    Ok(())
+    let written = File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .at(&tmp)
+        .and_then(|()| fs::rename(&tmp, path).at(path));
+    if written.is_err() {
+        // Not left for the next run's cleanup: a full disk is the usual cause.
+        let _ = fs::remove_file(&tmp);
+    }
+    written
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
@@ -549,4 +553,25 @@ fn fsync_tree(root: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write that fails leaves no temp file behind (a full disk left `*.tmp.PID` files until a
+    /// later run cleaned them).
+    #[test]
+    fn a_failed_atomic_write_removes_its_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A non-empty directory where the file should go: the rename onto it fails.
+        let target = dir.path().join("refs.json");
+        fs::create_dir_all(target.join("inside")).unwrap();
+        assert!(atomic_write(&target, b"{}").is_err());
+        let left: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("refs.json")], "only the directory that was there");
+        let ok = dir.path().join("ok.json");
+        atomic_write(&ok, b"{}").unwrap();
+        assert_eq!(fs::read(&ok).unwrap(), b"{}");
+    }
 }

@@ -25,6 +25,8 @@ pub enum ArtifactError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: not a readable Parquet file: {message}")]
     Parquet { path: PathBuf, message: String },
+    #[error("{path}: writing Parquet: {message}")]
+    ParquetWrite { path: PathBuf, message: String },
     #[error("{path}: missing column `{column}` (expected type {expected}) required by schema `{schema}`")]
     MissingColumn { path: PathBuf, column: String, expected: String, schema: Schema },
     #[error("{path}: column `{column}` has type {found}, expected {expected} (schema `{schema}`)")]
@@ -46,7 +48,7 @@ fn writer_props() -> WriterProperties {
 
 /// Write one record batch as a Parquet file (deterministic bytes for equal batches).
 pub fn write_batch(path: &Path, batch: &RecordBatch) -> Result<(), ArtifactError> {
-    let perr = |e: parquet::errors::ParquetError| ArtifactError::Parquet { path: path.to_path_buf(), message: e.to_string() };
+    let perr = |e: parquet::errors::ParquetError| ArtifactError::ParquetWrite { path: path.to_path_buf(), message: e.to_string() };
     let file = File::create(path).map_err(|source| ArtifactError::Io { path: path.to_path_buf(), source })?;
     let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(writer_props())).map_err(perr)?;
     writer.write(batch).map_err(perr)?;
