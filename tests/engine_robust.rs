@@ -865,6 +865,8 @@ fn ctrl_c_and_sigterm_are_interruptions_not_failures() {
         "{err}"
     );
     assert_no_half_written_instances(&p);
+    let left: Vec<_> = std::fs::read_dir(p.store().join("tmp")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "an interrupted stage's partial outputs go with it: {left:?}");
     let done = p.committed().len();
     let s = p.run_ok(&slow_demo(&p), &[]);
     assert_eq!(names(&s, "ran").len(), 10 - done, "the rerun resumes");

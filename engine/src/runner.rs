@@ -429,11 +429,13 @@ impl<'a> Scheduler<'a> {
                 self.states[i] = State::Done;
             }
             None if self.summary.interrupted => {
+                self.drop_partial_outputs(key);
                 self.ui.line(&format!("stopped  {} ({}): interrupted; nothing committed", spec.instance, short(key)));
                 self.states[i] = State::Failed;
                 self.summary.not_run.push(spec.instance.clone());
             }
             None => {
+                self.drop_partial_outputs(key);
                 let tail = log_tail(&self.store.log_path(key), 20);
                 let disk = disk_full_note(&self.store.root, DISK_FULL_BYTES);
                 self.ui.line(&format!(
@@ -452,6 +454,15 @@ impl<'a> Scheduler<'a> {
     }
 
     /// Count what never ran, save the refs, close the display.
+    /// A stage process killed mid-write (a signal, a crash, an interruption) leaves its partial
+    /// outputs, a checkpoint's gigabytes perhaps; unless another run has taken the instance up
+    /// meanwhile, they go now rather than at the next run's start.
+    fn drop_partial_outputs(&self, key: &str) {
+        if let Ok(Some(_lock)) = self.store.try_lock(key) {
+            self.store.remove_tmp_of(key);
+        }
+    }
+
     fn finish(mut self, t0: Instant) -> Result<RunSummary> {
         for (i, s) in self.states.iter().enumerate() {
             if self.sel.targets[i] && matches!(s, State::Waiting | State::Queued(_)) {

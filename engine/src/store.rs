@@ -281,17 +281,22 @@ impl Store {
 
     /// A fresh temp dir for `key`; leftovers of dead runs are removed (caller holds the lock).
     pub fn fresh_tmp(&self, key: &str) -> Result<PathBuf> {
-        let tmp_root = self.root.join("tmp");
-        if let Ok(entries) = fs::read_dir(&tmp_root) {
+        self.remove_tmp_of(key);
+        let dir = self.root.join("tmp").join(format!("{key}.{}", std::process::id()));
+        fs::create_dir_all(dir.join("outputs")).at(&dir)?;
+        Ok(dir)
+    }
+
+    /// Removes the temp dirs of `key` (what a killed stage process wrote); the caller holds its
+    /// lock, so none of them is being written.
+    pub fn remove_tmp_of(&self, key: &str) {
+        if let Ok(entries) = fs::read_dir(self.root.join("tmp")) {
             for e in entries.flatten() {
                 if e.file_name().to_string_lossy().starts_with(key) {
                     let _ = fs::remove_dir_all(e.path());
                 }
             }
         }
-        let dir = tmp_root.join(format!("{key}.{}", std::process::id()));
-        fs::create_dir_all(dir.join("outputs")).at(&dir)?;
-        Ok(dir)
     }
 
     /// Commit: run.json written last into the temp dir, everything fsynced, then renamed into place.
