@@ -308,7 +308,7 @@ impl<'a> Scheduler<'a> {
             self.summary.interrupted = true;
             self.summary.signal = Some(sig);
             self.ui.line(&format!(
-                "interrupted ({}): stopping running stages (finished stages are kept; rerun to resume; a second Ctrl-C kills them)",
+                "interrupted ({}): stopping running stages (finished stages are kept; rerun to resume; a second signal kills them)",
                 signals::signal_name(sig)
             ));
             exec.cancel_all(false);
@@ -377,7 +377,7 @@ impl<'a> Scheduler<'a> {
             Event::Waiting { key } => {
                 if let Some(i) = self.running_index(&key) {
                     self.ui.line(&format!(
-                        "waiting  {} ({}): another process is writing this instance; will reuse it",
+                        "waiting  {} ({}): another process is writing this instance; will reuse its output (or run it, if that process ends without committing)",
                         self.plan.nodes[i].name,
                         short(&key)
                     ));
