@@ -690,6 +690,9 @@ fn a_corrupt_large_input_is_never_read_and_verify_finds_what_was_built_from_it()
     // `stage exec` takes the short key `pipeline run` prints, as `artifact show` does.
     let out = p.run(&["stage", "exec", &sum[..12]]);
     assert!(out.status.success() && text(&out.stderr).contains("already committed"), "{}", text(&out.stderr));
+    // A key is hex digits: a path is not looked up.
+    let out = p.run(&["stage", "exec", "../../etc"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("`../../etc` is not an instance key"), "{}", text(&out.stderr));
     let sum_txt = |key: &str| {
         std::fs::read_to_string(
             p.store()

@@ -329,6 +329,10 @@ impl Store {
     /// to say that nothing is planned under it.
     pub fn planned_key(&self, key: &str) -> Result<String> {
         let dir = self.root.join("specs");
+        // A key names files in the store: nothing but its hex digits may reach a path.
+        if !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(EngineError::Store { path: dir, message: format!("`{key}` is not an instance key (hex digits, as `pipeline run` prints them)") });
+        }
         if key.is_empty() || self.spec_path(key).is_file() {
             return Ok(key.to_string());
         }
