@@ -83,6 +83,17 @@ impl Schema {
         }
     }
 
+    /// Float columns whose every value must be finite: a NaN return, value or σ would only fail
+    /// (or mislead) the stage that reads it. (Rollouts' entropies are NaN where an engine gave
+    /// none, so they are not among them.)
+    pub fn finite_columns(self) -> &'static [&'static str] {
+        match self {
+            Schema::Rollouts => &["reward"],
+            Schema::Scores => &["R", "v", "sigma"],
+            _ => &[],
+        }
+    }
+
     /// Required columns of a tabular schema (extra columns are allowed).
     pub fn columns(self) -> Vec<Field> {
         let s = |n: &str, null: bool| Field::new(n, DataType::Utf8, null);

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use arrow::compute::cast;
+use arrow::compute::{cast_with_options, CastOptions};
 use arrow::datatypes::{DataType, FieldRef, Schema as ArrowSchema};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
@@ -33,6 +33,8 @@ pub enum ArtifactError {
     ColumnType { path: PathBuf, column: String, found: String, expected: String, schema: Schema },
     #[error("{path}: column `{column}` row {row}: null where schema `{schema}` requires a value")]
     NullValue { path: PathBuf, column: String, row: usize, schema: Schema },
+    #[error("{path}: column `{column}` row {row}: {value} where schema `{schema}` needs a finite number")]
+    NotFinite { path: PathBuf, column: String, row: usize, value: f64, schema: Schema },
     #[error("{path}: missing {what}")]
     Missing { path: PathBuf, what: String },
     #[error("{path}: rows do not match schema `{schema}`: {message}")]
@@ -112,7 +114,9 @@ pub fn conform(path: &Path, batch: &RecordBatch, schema: Schema) -> Result<Recor
         let casted = if &found == want.data_type() {
             columns[idx].clone()
         } else {
-            cast(&columns[idx], want.data_type()).map_err(|e| ArtifactError::ColumnType {
+            // Not the safe cast: it turns a value that does not fit (5e9 into int32) into a null.
+            let exact = CastOptions { safe: false, ..Default::default() };
+            cast_with_options(&columns[idx], want.data_type(), &exact).map_err(|e| ArtifactError::ColumnType {
                 path: path.to_path_buf(),
                 column: want.name().clone(),
                 found: format!("{found} ({e})"),
@@ -124,11 +128,44 @@ pub fn conform(path: &Path, batch: &RecordBatch, schema: Schema) -> Result<Recor
             let row = (0..casted.len()).find(|&i| casted.is_null(i)).unwrap_or(0);
             return Err(ArtifactError::NullValue { path: path.to_path_buf(), column: want.name().clone(), row, schema });
         }
+        check_finite(path, schema, want.name(), &casted)?;
         fields[idx] = Arc::new(want.clone());
         columns[idx] = casted;
     }
     RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)
         .map_err(|e| ArtifactError::Rows { path: path.to_path_buf(), schema, message: e.to_string() })
+}
+
+/// Column `name` of `schema` holds only finite numbers, if the schema says it must.
+fn check_finite(path: &Path, schema: Schema, name: &str, col: &arrow::array::ArrayRef) -> Result<(), ArtifactError> {
+    if !schema.finite_columns().contains(&name) {
+        return Ok(());
+    }
+    match first_non_finite(col) {
+        Some((row, value)) => Err(ArtifactError::NotFinite { path: path.to_path_buf(), column: name.to_string(), row, value, schema }),
+        None => Ok(()),
+    }
+}
+
+/// The first row of a float64 (or list of float64) column holding NaN or an infinity, with it.
+fn first_non_finite(col: &arrow::array::ArrayRef) -> Option<(usize, f64)> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::Float64Type;
+    match col.data_type() {
+        DataType::Float64 => {
+            let a = col.as_primitive::<Float64Type>();
+            (0..a.len()).find(|&i| !a.is_null(i) && !a.value(i).is_finite()).map(|i| (i, a.value(i)))
+        }
+        DataType::List(_) => {
+            let l = col.as_list::<i32>();
+            let values = l.values().as_primitive_opt::<Float64Type>()?;
+            let offsets = l.value_offsets();
+            (0..l.len()).find_map(|row| {
+                (offsets[row] as usize..offsets[row + 1] as usize).map(|j| values.value(j)).find(|v| !v.is_finite()).map(|v| (row, v))
+            })
+        }
+        _ => None,
+    }
 }
 
 /// Read and validate a Parquet artifact of the given schema.
@@ -150,6 +187,10 @@ pub fn write_rows<T: Serialize>(path: &Path, schema: Schema, rows: &[T]) -> Resu
         schema.columns().into_iter().map(Arc::new).collect()
     };
     let batch = serde_arrow::to_record_batch(&fields, &rows).map_err(err)?;
+    // Refused where it is written, naming the row, rather than when the output is committed.
+    for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        check_finite(path, schema, field.name(), col)?;
+    }
     write_batch(path, &batch)
 }
 

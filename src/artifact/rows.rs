@@ -148,3 +148,48 @@ mod tests {
         assert!(err.contains("column `sample_idx` has type Utf8, expected Int32"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod value_tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field};
+
+    use super::*;
+    use crate::artifact::{read_batches, validate_file, write_batch, write_rows, Schema};
+
+    /// A value that does not fit the contract's type is an error naming it, not a null (the
+    /// safe cast made 5e9 in an int32 column read as "null where a value is required").
+    #[test]
+    fn a_value_too_large_for_its_column_is_named_not_read_as_null() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("seg.parquet");
+        let rows = vec![SegmentRow { prompt_id: "p".into(), sample_idx: 0, seg_starts: vec![0], seg_ends: vec![3], method: "m".into() }; 2];
+        write_rows(&p, Schema::Segments, &rows).unwrap();
+        let batch = read_batches(&p).unwrap();
+        let idx = batch.schema().index_of("sample_idx").unwrap();
+        let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
+        let mut cols = batch.columns().to_vec();
+        fields[idx] = Arc::new(Field::new("sample_idx", DataType::Int64, false));
+        cols[idx] = Arc::new(Int64Array::from(vec![1, 5_000_000_000]));
+        write_batch(&p, &RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), cols).unwrap()).unwrap();
+        let err = validate_file(&p, Schema::Segments).unwrap_err().to_string();
+        assert!(err.contains("column `sample_idx`") && err.contains("5000000000"), "{err}");
+        assert!(!err.contains("null"), "{err}");
+    }
+
+    /// NaN or an infinity in a return, value or σ is refused where it is written, naming the
+    /// column and row.
+    #[test]
+    fn scores_and_rewards_must_be_finite() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sc.parquet");
+        let row = |r: Vec<f64>| ScoreRow { prompt_id: "p".into(), sample_idx: 0, r, v: vec![0.0, 0.0], sigma: vec![0.5, 0.5], method: "m".into() };
+        write_rows(&p, Schema::Scores, &[row(vec![0.0, 1.0])]).unwrap();
+        for bad in [f64::NAN, f64::INFINITY] {
+            let err = write_rows(&p, Schema::Scores, &[row(vec![0.0, 1.0]), row(vec![0.0, bad])]).unwrap_err().to_string();
+            assert!(err.contains(&format!("column `R` row 1: {bad} where schema `scores` needs a finite number")), "{err}");
+        }
+    }
+}
