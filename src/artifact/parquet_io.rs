@@ -21,8 +21,9 @@ use super::Schema;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    // The message prints the cause, so it is not also the error's `source`.
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: not a readable Parquet file: {message}")]
     Parquet { path: PathBuf, message: String },
     #[error("{path}: writing Parquet: {message}")]
@@ -51,18 +52,18 @@ fn writer_props() -> WriterProperties {
 /// Write one record batch as a Parquet file (deterministic bytes for equal batches).
 pub fn write_batch(path: &Path, batch: &RecordBatch) -> Result<(), ArtifactError> {
     let perr = |e: parquet::errors::ParquetError| ArtifactError::ParquetWrite { path: path.to_path_buf(), message: e.to_string() };
-    let file = File::create(path).map_err(|source| ArtifactError::Io { path: path.to_path_buf(), source })?;
+    let file = File::create(path).map_err(|error| ArtifactError::Io { path: path.to_path_buf(), error })?;
     let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(writer_props())).map_err(perr)?;
     writer.write(batch).map_err(perr)?;
     let file = writer.into_inner().map_err(perr)?;
-    file.sync_all().map_err(|source| ArtifactError::Io { path: path.to_path_buf(), source })?;
+    file.sync_all().map_err(|error| ArtifactError::Io { path: path.to_path_buf(), error })?;
     Ok(())
 }
 
 /// Read every batch of a Parquet file and concatenate them.
 pub fn read_batches(path: &Path) -> Result<RecordBatch, ArtifactError> {
     let perr = |m: String| ArtifactError::Parquet { path: path.to_path_buf(), message: m };
-    let file = File::open(path).map_err(|source| ArtifactError::Io { path: path.to_path_buf(), source })?;
+    let file = File::open(path).map_err(|error| ArtifactError::Io { path: path.to_path_buf(), error })?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| perr(e.to_string()))?;
     let schema = builder.schema().clone();
     let reader = builder.build().map_err(|e| perr(e.to_string()))?;

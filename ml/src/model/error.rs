@@ -9,11 +9,12 @@ pub type Result<T> = std::result::Result<T, ModelError>;
 /// Everything that can go wrong while loading, running or saving a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{path}: {source}")]
+    // The message prints the cause, so it is not also the error's `source` (anyhow's `{:#}`
+    // would print it twice).
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: invalid config: {msg}")]
     Config { path: PathBuf, msg: String },
@@ -59,19 +60,18 @@ pub enum ModelError {
     NonFinite { row: usize, step: usize },
     #[error("invalid request: {0}")]
     Request(String),
-    #[error("torch: {context}: {source}")]
+    #[error("torch: {context}: {error}")]
     Torch {
         context: String,
-        #[source]
-        source: tch::TchError,
+        error: tch::TchError,
     },
 }
 
 impl ModelError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: impl Into<PathBuf>, error: std::io::Error) -> Self {
         ModelError::Io {
             path: path.into(),
-            source,
+            error,
         }
     }
     pub(crate) fn config(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
@@ -95,9 +95,9 @@ pub(crate) trait TorchCtx<T> {
 
 impl<T> TorchCtx<T> for std::result::Result<T, tch::TchError> {
     fn ctx(self, context: impl Into<String>) -> Result<T> {
-        self.map_err(|source| ModelError::Torch {
+        self.map_err(|error| ModelError::Torch {
             context: context.into(),
-            source,
+            error,
         })
     }
 }

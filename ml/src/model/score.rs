@@ -474,12 +474,11 @@ pub struct CutCost {
 
 /// A pack of [`score_cuts_batch`] that failed: its first and last request and the model's error.
 #[derive(Debug, thiserror::Error)]
-#[error("scoring requests {first} .. {last}: {source}")]
+#[error("scoring requests {first} .. {last}: {error}")]
 pub struct PackError {
     pub first: usize,
     pub last: usize,
-    #[source]
-    pub source: ModelError,
+    pub error: ModelError,
 }
 
 /// Every request's `values[cut][target]`, scored as cheaply as the requests allow: rows shared
@@ -497,7 +496,7 @@ pub fn score_cuts_batch(
 ) -> std::result::Result<(CutScores, CutCost), PackError> {
     // Before sharing rows, which slices every trace at its cuts.
     for (r, q) in reqs.iter().enumerate() {
-        validate_cuts(model, q.trace, q.cuts, q.targets).map_err(|source| PackError { first: r, last: r, source })?;
+        validate_cuts(model, q.trace, q.cuts, q.targets).map_err(|error| PackError { first: r, last: r, error })?;
     }
     let shared = if dedupe { SharedRows::find(reqs) } else { SharedRows::none(reqs) };
     let reduced: Vec<Option<CutRequest>> = reqs.iter().enumerate().map(|(r, q)| shared.request(r, q)).collect();
@@ -531,7 +530,7 @@ pub fn score_cuts_batch(
             CutScorer::KvShared => score_cuts_reusing(model, &reqs, &mut reuse),
             CutScorer::Naive => reqs.iter().map(|q| score_cuts_naive(model, q.trace, q.cuts, q.targets)).collect(),
         }
-        .map_err(|source| PackError { first: pack[0], last: pack[pack.len() - 1], source })?;
+        .map_err(|error| PackError { first: pack[0], last: pack[pack.len() - 1], error })?;
         for (&r, v) in pack.iter().zip(values) {
             scored[r] = Some(v);
         }

@@ -237,7 +237,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     })
     .map_err(|e| {
         let rows = format!("scoring {} through row {}", traces[to_score[e.first]].at, to_score[e.last]);
-        anyhow::Error::new(e.source).context(rows)
+        anyhow::Error::new(e.error).context(rows)
     })?;
     let mut values: Vec<Option<Vec<Vec<f64>>>> = vec![None; prepared.len()];
     for (&i, v) in to_score.iter().zip(scored) {
