@@ -348,6 +348,13 @@ pub fn verify_response(gold_answer: &str, response: &str) -> Verdict {
     }
 }
 
+/// Whether a response states a final answer: a box, "the answer is", `####`, ... (any candidate
+/// above the plain numbers and expressions the verifier falls back to). A completion cut at its
+/// token budget without one has no answer, whatever number it ended on.
+pub fn has_final_answer(response: &str) -> bool {
+    extract::candidates(response).iter().any(|c| c.priority < UNANCHORED)
+}
+
 /// Does `text` (a reference solution) state `gold` as its answer? Its marked answer (box,
 /// "answer is", `####`) when it has one ([`verify_response`]); without a marker, any answer in
 /// its final sentence, since the last number of a sentence is often not the answer ("there are 89

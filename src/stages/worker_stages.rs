@@ -8,15 +8,15 @@ use crate::engine::BuiltinInfo;
 use crate::engine::Executable::Worker;
 
 pub const WORKER_STAGES: &[BuiltinInfo] = &[
-    BuiltinInfo { name: "bootstrap_sft", version: "3", runs_in: Worker },
-    BuiltinInfo { name: "rollout", version: "10", runs_in: Worker },
+    BuiltinInfo { name: "bootstrap_sft", version: "4", runs_in: Worker },
+    BuiltinInfo { name: "rollout", version: "11", runs_in: Worker },
     BuiltinInfo { name: "score_sigma", version: "3", runs_in: Worker },
     BuiltinInfo { name: "score_mc", version: "12", runs_in: Worker },
     BuiltinInfo { name: "score_loo", version: "3", runs_in: Worker },
     BuiltinInfo { name: "score_grad", version: "3", runs_in: Worker },
     BuiltinInfo { name: "score_progress", version: "11", runs_in: Worker },
-    BuiltinInfo { name: "reset", version: "11", runs_in: Worker },
+    BuiltinInfo { name: "reset", version: "12", runs_in: Worker },
     BuiltinInfo { name: "update", version: "4", runs_in: Worker },
-    BuiltinInfo { name: "eval", version: "10", runs_in: Worker },
+    BuiltinInfo { name: "eval", version: "11", runs_in: Worker },
     BuiltinInfo { name: "judge_local", version: "2", runs_in: Worker },
 ];

@@ -9,7 +9,7 @@
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::PromptRow;
 use rredcot::credit::thinking::{answer_line_start, closed_at};
-use rredcot::math::{verify_response, Verdict};
+use rredcot::math::{has_final_answer, verify_response, Verdict};
 use rredcot::engine::hash::sha256_hex;
 use rredcot::engine::{Progress, StageContext};
 use std::path::Path;
@@ -146,8 +146,13 @@ pub struct Answered {
     /// Completion tokens of the chain of thought (see [`rredcot::credit::thinking`]); `None`:
     /// it never ended.
     pub cot_end: Option<usize>,
-    /// The verifier on the answer part only (nothing extracted when the thinking never closed).
+    /// The verifier on the answer part only (nothing extracted when the thinking never closed;
+    /// not correct when the completion was cut without a final answer).
     pub verdict: Verdict,
+    /// The verifier read a correct answer, but the completion was cut at its token budget before
+    /// it stated one ("the answer is", a box, `####`, ...): the number read was the text's last,
+    /// not an answer, so no credit (as open-r1's reward reads anchored answers only).
+    pub cut_unanswered: bool,
 }
 
 /// Splits a completion (`ids`, decoded `text`) at the end of its chain of thought and verifies
@@ -155,25 +160,35 @@ pub struct Answered {
 /// a completion without one has no answer (reward 0). Not thinking: the answer line is the line of
 /// the verifier's extraction, and `cot_end` is the token where that line starts (`None` when
 /// nothing is extracted or the answer is on the first line: no chain of thought before it).
-pub fn split_answer(tok: &Tokenizer, thinking: Thinking, gold: &str, ids: &[i64], text: &str) -> Result<Answered> {
+/// `cut`: the completion hit its token budget; it is credited only if its answer part states a
+/// final answer ([`Answered::cut_unanswered`]).
+pub fn split_answer(tok: &Tokenizer, thinking: Thinking, gold: &str, ids: &[i64], text: &str, cut: bool) -> Result<Answered> {
     let think_end = match thinking {
         Thinking::Auto => tok.think_end_id,
         Thinking::On => Some(tok.think_end_id.with_context(|| format!("thinking = \"on\" but the tokenizer {} has no `</think>` token", tok.source.display()))?),
         Thinking::Off => None,
     };
+    let judged = |answer: &str| {
+        let verdict = verify_response(gold, answer);
+        let cut_unanswered = cut && verdict.correct && !has_final_answer(answer);
+        (Verdict { correct: verdict.correct && !cut_unanswered, ..verdict }, cut_unanswered)
+    };
     if let Some(te) = think_end {
         return Ok(match closed_at(ids, te) {
-            Some(c) => Answered { cot_end: Some(c), verdict: verify_response(gold, &tok.decode(&ids[c..], true)?) },
-            None => Answered { cot_end: None, verdict: Verdict { extracted: None, correct: false } },
+            Some(c) => {
+                let (verdict, cut_unanswered) = judged(&tok.decode(&ids[c..], true)?);
+                Answered { cot_end: Some(c), verdict, cut_unanswered }
+            }
+            None => Answered { cot_end: None, verdict: Verdict { extracted: None, correct: false }, cut_unanswered: false },
         });
     }
-    let verdict = verify_response(gold, text);
+    let (verdict, cut_unanswered) = judged(text);
     let line = verdict.extracted.as_deref().and_then(|e| answer_line_start(text, e));
     let cot_end = match line {
         Some(at) if at > 0 => token_at_byte(tok, ids, at)?.filter(|&k| k > 0),
         _ => None,
     };
-    Ok(Answered { cot_end, verdict })
+    Ok(Answered { cot_end, verdict, cut_unanswered })
 }
 
 /// The index of the token of `ids` whose decoded text holds byte `at` of the decoding of `ids`
@@ -750,17 +765,17 @@ mod tests {
         let te = tok.think_end_id.expect("the world's tokenizer has </think>");
         let ids = tok.encode("<think>\nStart with 5.\nAdd 3: 5 + 3 = 8\n</think>\nThe answer is 8.<|im_end|>").unwrap();
         let text = tok.decode(&ids, true).unwrap();
-        let a = split_answer(&tok, Thinking::Auto, "8", &ids, &text).unwrap();
+        let a = split_answer(&tok, Thinking::Auto, "8", &ids, &text, false).unwrap();
         let c = a.cot_end.unwrap();
         assert_eq!(ids[c - 1], te, "cot_end is the index after </think>");
         assert!(a.verdict.correct && a.verdict.extracted.as_deref() == Some("8"));
         // The same thinking without its end: no answer, although "= 8" is in it.
         let open = tok.encode("<think>\nStart with 5.\nAdd 3: 5 + 3 = 8\n").unwrap();
-        let a = split_answer(&tok, Thinking::On, "8", &open, &tok.decode(&open, true).unwrap()).unwrap();
+        let a = split_answer(&tok, Thinking::On, "8", &open, &tok.decode(&open, true).unwrap(), false).unwrap();
         assert_eq!((a.cot_end, a.verdict.extracted, a.verdict.correct), (None, None, false));
         // The answer after the end of thinking is what counts, not a number inside it.
         let wrong = tok.encode("<think>\nAdd 3: 5 + 3 = 8\n</think>\nThe answer is 9.").unwrap();
-        assert!(!split_answer(&tok, Thinking::Auto, "8", &wrong, &tok.decode(&wrong, true).unwrap()).unwrap().verdict.correct);
+        assert!(!split_answer(&tok, Thinking::Auto, "8", &wrong, &tok.decode(&wrong, true).unwrap(), false).unwrap().verdict.correct);
     }
 
     #[test]
@@ -768,17 +783,39 @@ mod tests {
         let tok = tokenizer();
         let ids = tok.encode("Start with 5.\nAdd 3: 5 + 3 = 8\nThe answer is 8.").unwrap();
         let text = tok.decode(&ids, true).unwrap();
-        let a = split_answer(&tok, Thinking::Off, "8", &ids, &text).unwrap();
+        let a = split_answer(&tok, Thinking::Off, "8", &ids, &text, false).unwrap();
         let c = a.cot_end.unwrap();
         assert!(a.verdict.correct);
         assert_eq!(tok.decode(&ids[c..], true).unwrap().trim_start(), "The answer is 8.", "the answer line starts at cot_end");
         assert!(tok.decode(&ids[..c], true).unwrap().trim_end().ends_with("= 8"));
         // An answer on the first line leaves no chain of thought; nothing extracted, none either.
         let first = tok.encode("The answer is 8.").unwrap();
-        assert_eq!(split_answer(&tok, Thinking::Off, "8", &first, "The answer is 8.").unwrap().cot_end, None);
+        assert_eq!(split_answer(&tok, Thinking::Off, "8", &first, "The answer is 8.", false).unwrap().cot_end, None);
         let none = tok.encode("Start with\n").unwrap();
-        assert_eq!(split_answer(&tok, Thinking::Off, "8", &none, "Start with\n").unwrap().cot_end, None);
-        let err = split_answer(&Tokenizer { think_end_id: None, ..tok.clone() }, Thinking::On, "8", &ids, &text).unwrap_err().to_string();
+        assert_eq!(split_answer(&tok, Thinking::Off, "8", &none, "Start with\n", false).unwrap().cot_end, None);
+        let err = split_answer(&Tokenizer { think_end_id: None, ..tok.clone() }, Thinking::On, "8", &ids, &text, false).unwrap_err().to_string();
         assert!(err.contains("</think>"), "{err}");
+    }
+
+    /// A completion cut at its token budget is credited only when it stated its answer: the
+    /// number it happened to end on ("10-foot" of the question, in a SmolLM2 rollout cut mid-
+    /// sentence) is read by the verifier's fallback, but it is no answer.
+    #[test]
+    fn a_cut_completion_is_credited_only_for_a_stated_answer() {
+        let tok = tokenizer();
+        for (text, thinking, credited) in [
+            ("Start with 5.\nAdd 3: 5 + 3 = 8", Thinking::Off, false),
+            ("Start with 5.\nAdd 3: 5 + 3 = 8\nThe answer is 8.\nStart with", Thinking::Off, true),
+            ("<think>\nAdd 3: 5 + 3 = 8\n</think>\nSo 8", Thinking::Auto, false),
+            ("<think>\nAdd 3: 5 + 3 = 8\n</think>\nThe answer is 8.", Thinking::Auto, true),
+        ] {
+            let ids = tok.encode(text).unwrap();
+            let decoded = tok.decode(&ids, true).unwrap();
+            let whole = split_answer(&tok, thinking, "8", &ids, &decoded, false).unwrap();
+            assert!(whole.verdict.correct && !whole.cut_unanswered, "{text:?}: not cut, the verifier's verdict stands");
+            let cut = split_answer(&tok, thinking, "8", &ids, &decoded, true).unwrap();
+            assert_eq!((cut.verdict.correct, cut.cut_unanswered), (credited, !credited), "{text:?}");
+            assert_eq!(cut.verdict.extracted, whole.verdict.extracted, "what was read is still recorded");
+        }
     }
 }

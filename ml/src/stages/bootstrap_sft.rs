@@ -163,7 +163,8 @@ pub fn greedy_accuracy(model: &DecoderLm, tok: &Tokenizer, rows: &[PromptRow], m
             let text = tok.decode(&g.tokens, true)?;
             let gold = row.answer.as_deref().with_context(|| format!("eval problem {}: no reference answer", row.id))?;
             // Judged like a rollout: the answer after the end of thinking.
-            if crate::sampling::split_answer(tok, crate::sampling::Thinking::Auto, gold, &g.tokens, &text)?.verdict.correct {
+            let cut = g.finish_reason == model::FinishReason::Length;
+            if crate::sampling::split_answer(tok, crate::sampling::Thinking::Auto, gold, &g.tokens, &text, cut)?.verdict.correct {
                 correct += 1;
             }
         }
@@ -171,7 +172,8 @@ pub fn greedy_accuracy(model: &DecoderLm, tok: &Tokenizer, rows: &[PromptRow], m
     Ok((correct as f64 / rows.len().max(1) as f64, tokens))
 }
 
-pub const STAGE: Builtin = Builtin { name: "bootstrap_sft", version: "3", runs_in: Executable::Worker, run };
+// Version 4: its greedy accuracy credits a cut completion only for a stated answer.
+pub const STAGE: Builtin = Builtin { name: "bootstrap_sft", version: "4", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: SftParams = ctx.params()?;

@@ -11,6 +11,7 @@ use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::evaluation::{summarize, Grader};
 use rredcot::prompt_text::prompt_text;
 
+use crate::model::FinishReason;
 use crate::sampling::{finish_engine, plan_jobs, sample_jobs, split_answer, window, OnBadPrompt, SamplerParams};
 use super::{load_sampler, model_core, use_threads};
 
@@ -24,7 +25,8 @@ struct EvalParams {
     on_bad_prompt: OnBadPrompt,
 }
 
-pub const STAGE: Builtin = Builtin { name: "eval", version: "10", runs_in: Executable::Worker, run };
+// Version 11: a completion cut at max_new_tokens without a stated answer is not correct.
+pub const STAGE: Builtin = Builtin { name: "eval", version: "11", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, p): (SamplerParams, EvalParams) = (ctx.params()?, ctx.params()?);
@@ -45,15 +47,17 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let context = sampler.context();
 
     let mut rows = Vec::new();
-    let mut unclosed = 0i64;
+    let (mut unclosed, mut cut_unanswered) = (0i64, 0i64);
     for (bench, path) in &benchmarks {
         let prompts: Vec<PromptRow> = window(read_rows(path, Schema::Prompts)?, p.limit, 0);
         let jobs = plan_jobs(ctx, &prompts, path, &tok, context, k, p.on_bad_prompt)?;
         let gens = sample_jobs(ctx, &sampler, &tok, &jobs, &sampling, &format!("eval {bench}"), false)?;
         for (job, g) in jobs.iter().zip(gens) {
             let text = g.text.unwrap_or_default();
-            let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text).with_context(|| format!("{bench}: prompt {} sample {}", job.row.id, job.sample_idx))?;
+            let cut = g.finish_reason == FinishReason::Length;
+            let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text, cut).with_context(|| format!("{bench}: prompt {} sample {}", job.row.id, job.sample_idx))?;
             unclosed += a.cot_end.is_none() as i64;
+            cut_unanswered += a.cut_unanswered as i64;
             let verdict = a.verdict;
             rows.push(EvalRow {
                 prompt_id: job.row.id.clone(),
@@ -78,6 +82,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.metric("k", k as i64);
     ctx.metric("mean_reward", rows.iter().map(|r| r.correct_verifier as u8 as f64).sum::<f64>() / rows.len().max(1) as f64);
     ctx.count("samples", rows.len() as i64);
+    ctx.count("cut_unanswered", cut_unanswered);
     ctx.count("thinking_unclosed", unclosed);
     write_rows(ctx.output("eval")?, Schema::Eval, &rows)?;
     Ok(())

@@ -35,7 +35,7 @@ use crate::sampling::{engine_entropies, row_seed, sample_seeded, split_answer, E
 use crate::traces::{Trace, TraceInputs, TraceTokens};
 use super::{load_policy_on, load_sampler, model_core, use_threads};
 use crate::traces::RESET_PREFIX_KEY;
-use crate::model::{logprob, ChatMessage, DecoderLm, Tokenizer};
+use crate::model::{logprob, ChatMessage, DecoderLm, FinishReason, Tokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -111,7 +111,8 @@ struct Reset {
     row: PromptRow,
 }
 
-pub const STAGE: Builtin = Builtin { name: "reset", version: "11", runs_in: Executable::Worker, run };
+// Version 12: a continuation cut at max_new_tokens without a stated answer gets reward 0.
+pub const STAGE: Builtin = Builtin { name: "reset", version: "12", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);
@@ -211,7 +212,8 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             let g = gens.next().expect("one generation per continuation");
             let text = g.text.clone().unwrap_or_default();
             let ids: Vec<i64> = r.prefix.iter().chain(&g.tokens).copied().collect();
-            let a = split_answer(&tok, thinking, gold, &ids, &format!("{}{text}", r.prefix_text)).with_context(|| format!("reset {} continuation {j}", r.row.id))?;
+            let a = split_answer(&tok, thinking, gold, &ids, &format!("{}{text}", r.prefix_text), g.finish_reason == FinishReason::Length)
+                .with_context(|| format!("reset {} continuation {j}", r.row.id))?;
             let verdict = a.verdict;
             // The continuation's own chain of thought: none left when it ended inside the prefix.
             let cot_end = a.cot_end.and_then(|c| c.checked_sub(r.prefix.len())).filter(|&c| c > 0);

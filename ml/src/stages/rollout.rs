@@ -24,6 +24,7 @@ use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{read_rows, write_rows, Schema};
 use rredcot::engine::{Builtin, Executable, StageContext};
 
+use crate::model::FinishReason;
 use crate::sampling::{engine_entropies, plan_jobs, sample_jobs, split_answer, window, EngineLogprobs, OnBadPrompt, SamplerParams};
 use super::{load_sampler, model_core, use_threads};
 
@@ -41,7 +42,8 @@ struct RolloutParams {
     group_requests: bool,
 }
 
-pub const STAGE: Builtin = Builtin { name: "rollout", version: "10", runs_in: Executable::Worker, run };
+// Version 11: a completion cut at max_new_tokens without a stated answer gets reward 0.
+pub const STAGE: Builtin = Builtin { name: "rollout", version: "11", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);
@@ -62,12 +64,15 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let prompts_ids: Vec<&[i64]> = jobs.iter().map(|j| j.ids.as_slice()).collect();
     engine_entropies(ctx, sampler, model_core("policy", &sampling), &prompts_ids, &mut gens, &sampling, logprobs, |i| format!("prompt {} sample {}", jobs[i].row.id, jobs[i].sample_idx))?;
     let thinking = sampling.thinking;
+    let mut cut_unanswered = 0i64;
     let rows: Vec<RolloutRow> = jobs
         .iter()
         .zip(gens)
         .map(|(job, g)| -> Result<RolloutRow> {
             let text = g.text.clone().unwrap_or_default();
-            let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text).with_context(|| format!("prompt {} sample {}", job.row.id, job.sample_idx))?;
+            let cut = g.finish_reason == FinishReason::Length;
+            let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text, cut).with_context(|| format!("prompt {} sample {}", job.row.id, job.sample_idx))?;
+            cut_unanswered += a.cut_unanswered as i64;
             let verdict = a.verdict;
             Ok(RolloutRow {
                 prompt_id: job.row.id.clone(),
@@ -87,6 +92,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let generated: usize = rows.iter().map(|r| r.completion_ids.len()).sum();
     ctx.count("rollouts", rows.len() as i64);
     ctx.count("thinking_unclosed", rows.iter().filter(|r| r.cot_end.is_none()).count() as i64);
+    ctx.count("cut_unanswered", cut_unanswered);
     ctx.metric("mean_reward", rows.iter().map(|r| r.reward).sum::<f64>() / rows.len().max(1) as f64);
     ctx.metric("mean_completion_tokens", generated as f64 / rows.len().max(1) as f64);
     write_rows(ctx.output("rollouts")?, Schema::Rollouts, &rows)?;

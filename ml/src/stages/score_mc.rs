@@ -25,7 +25,7 @@ use rredcot::analysis::mc_sd::SdIn;
 use rredcot::artifact::{write_rows, Schema};
 use rredcot::credit::sigma::Normalize;
 use rredcot::engine::{Builtin, Executable, StageContext};
-use rredcot::math::extract;
+use rredcot::math::has_final_answer;
 use serde::{Deserialize, Serialize};
 
 use crate::sampling::{finish_engine, row_seed, sample_seeded, split_answer, SamplerParams};
@@ -78,12 +78,6 @@ pub struct CompletionRow {
 /// Seed of completion `j` from exit point `t` of trace (prompt, sample).
 fn completion_seed(seed: u64, prompt_id: &str, sample_idx: i32, t: usize, j: usize) -> u64 {
     row_seed(seed, &format!("{prompt_id}\u{0}{sample_idx}\u{0}{t}"), j)
-}
-
-/// Whether `response` states a final answer explicitly (not just a trailing number).
-fn has_final_answer(response: &str) -> bool {
-    const PLAIN_SPAN: u16 = 300;
-    extract::candidates(response).iter().any(|c| c.priority < PLAIN_SPAN)
 }
 
 /// SD of the mean of k' draws (k' = 1..k) from each exit point's outcomes, averaged over exit
@@ -176,7 +170,8 @@ pub fn mc_values(ctx: &mut StageContext, sampling: &SamplerParams, p: &McParams,
         let response = format!("{}{text}", e.text);
         // The answer after the continuation's end of thinking, as the rollout judges its own.
         let ids: Vec<i64> = e.cot.iter().chain(&g.tokens).copied().collect();
-        let verdict = split_answer(&tok, thinking, golds[e.trace], &ids, &response).with_context(|| name(r))?.verdict;
+        // Not `cut`: a continuation cut without a final answer is `lost`, kept or dropped by `lost`.
+        let verdict = split_answer(&tok, thinking, golds[e.trace], &ids, &response, false).with_context(|| name(r))?.verdict;
         let correct = verdict.correct;
         let truncated = g.finish_reason == FinishReason::Length;
         let lost = truncated && !(verdict.extracted.is_some() && has_final_answer(&response));
