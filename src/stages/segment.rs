@@ -46,7 +46,8 @@ pub struct SegmentParams {
     on_unclosed: OnUnclosed,
 }
 
-pub const STAGE: Builtin = Builtin { name: "segment", version: "2", runs_in: Executable::Engine, run };
+// Version 3: whitespace-only tokens join the segment they follow (no segment of one newline).
+pub const STAGE: Builtin = Builtin { name: "segment", version: "3", runs_in: Executable::Engine, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: SegmentParams = ctx.params()?;
