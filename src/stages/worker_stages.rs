@@ -16,7 +16,7 @@ pub const WORKER_STAGES: &[BuiltinInfo] = &[
     BuiltinInfo { name: "score_grad", version: "3", runs_in: Worker },
     BuiltinInfo { name: "score_progress", version: "11", runs_in: Worker },
     BuiltinInfo { name: "reset", version: "12", runs_in: Worker },
-    BuiltinInfo { name: "update", version: "4", runs_in: Worker },
+    BuiltinInfo { name: "update", version: "5", runs_in: Worker },
     BuiltinInfo { name: "eval", version: "11", runs_in: Worker },
     BuiltinInfo { name: "judge_local", version: "2", runs_in: Worker },
 ];

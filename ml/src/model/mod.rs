@@ -205,6 +205,25 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     })
 }
 
+/// Files beside a checkpoint's weights that transformers reads for its tokenizer and chat template
+/// and that [`save`] does not write.
+const TOKENIZER_SIDE_FILES: &[&str] = &["tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json"];
+
+/// Copies [`TOKENIZER_SIDE_FILES`] from the checkpoint directory a model was trained from into
+/// the one it is saved to (without them `AutoTokenizer` loads the trained policy with no EOS
+/// token and no chat template); none from a GGUF file. Returns how many were copied.
+pub fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<usize> {
+    let mut copied = 0;
+    for name in TOKENIZER_SIDE_FILES {
+        let src = from.join(name);
+        if from.is_dir() && src.is_file() && !to.join(name).exists() {
+            std::fs::copy(&src, to.join(name)).map_err(|e| ModelError::io(&src, e))?;
+            copied += 1;
+        }
+    }
+    Ok(copied)
+}
+
 /// Saves a model (and tokenizer) as a Hugging Face checkpoint directory loadable by
 /// `transformers.AutoModelForCausalLM.from_pretrained`.
 pub fn save(model: &DecoderLm, tokenizer: Option<&Tokenizer>, dir: &Path) -> Result<()> {
@@ -219,4 +238,25 @@ pub fn save(model: &DecoderLm, tokenizer: Option<&Tokenizer>, dir: &Path) -> Res
     let p = dir.join("generation_config.json");
     std::fs::write(&p, serde_json::to_string_pretty(&gen).expect("json"))
         .map_err(|e| ModelError::io(&p, e))
+}
+
+#[cfg(test)]
+mod side_file_tests {
+    /// A trained checkpoint keeps its source's tokenizer config and chat template; what `save`
+    /// wrote is not overwritten; a GGUF source gives none.
+    #[test]
+    fn tokenizer_side_files_follow_the_checkpoint() {
+        let (from, to) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(from.path().join("tokenizer_config.json"), r#"{"eos_token": "<|im_end|>"}"#).unwrap();
+        std::fs::write(from.path().join("chat_template.jinja"), "{{ messages }}").unwrap();
+        std::fs::write(from.path().join("model.safetensors"), "weights").unwrap();
+        std::fs::write(to.path().join("chat_template.jinja"), "mine").unwrap();
+        assert_eq!(super::copy_tokenizer_files(from.path(), to.path()).unwrap(), 1);
+        assert_eq!(std::fs::read_to_string(to.path().join("tokenizer_config.json")).unwrap(), r#"{"eos_token": "<|im_end|>"}"#);
+        assert_eq!(std::fs::read_to_string(to.path().join("chat_template.jinja")).unwrap(), "mine");
+        assert!(!to.path().join("model.safetensors").exists());
+        let gguf = from.path().join("model.gguf");
+        std::fs::write(&gguf, "GGUF").unwrap();
+        assert_eq!(super::copy_tokenizer_files(&gguf, to.path()).unwrap(), 0);
+    }
 }

@@ -290,7 +290,8 @@ impl Batch {
     }
 }
 
-pub const STAGE: Builtin = Builtin { name: "update", version: "4", runs_in: Executable::Worker, run };
+// Version 5: the policy checkpoint keeps its source's tokenizer_config.json and chat template.
+pub const STAGE: Builtin = Builtin { name: "update", version: "5", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: UpdateParams = ctx.params()?;
@@ -332,6 +333,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let out = ctx.output("policy")?.to_path_buf();
     std::fs::create_dir_all(&out)?;
     model::save(train.master(), Some(&tok), &out)?;
+    model::copy_tokenizer_files(ctx.input("policy")?, &out)?;
     opt.save(ctx.output("optimizer")?)?;
     write_rows(ctx.output("metrics")?, Schema::Table, &metrics)?;
     Ok(())
