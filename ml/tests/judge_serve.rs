@@ -306,7 +306,12 @@ fn serve_answers_openai_requests_and_the_judge_runs_through_it_and_locally() {
         let by_stage = serve_with(&["--store", store.to_str().unwrap(), "--pipeline", pipeline.to_str().unwrap(), "--model", "sft"]);
         let (status, models) = raw(&by_stage.url, "GET", "/v1/models", "");
         assert_eq!((status, models["data"][0]["id"].as_str()), (200, Some("sft.model")), "{models}");
-        let (_, same) = raw(&by_stage.url, "POST", "/v1/chat/completions", &body.to_string());
+        // Asked for by its own id (the model `tiny-sft` is not served there: 404).
+        let (status, _) = raw(&by_stage.url, "POST", "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 404);
+        let mut by_id = body.clone();
+        by_id["model"] = json!("sft.model");
+        let (_, same) = raw(&by_stage.url, "POST", "/v1/chat/completions", &by_id.to_string());
         assert_eq!(same["choices"], resp["choices"], "the stage's checkpoint is the one served by path");
     }
 
