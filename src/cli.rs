@@ -75,6 +75,9 @@ pub struct ServeArgs {
     /// `rredcot.update[9]`, `rredcot.update[9].policy`).
     #[arg(long)]
     pub model: PathBuf,
+    /// With `--pipeline`: the `--set` its run was given (the stage is looked up in that variant).
+    #[arg(long = "set", value_name = "STAGE.PARAM=VALUE", requires = "pipeline")]
+    pub sets: Vec<String>,
     /// A pipeline file: `--model` names one of its stages, served from the store once that stage
     /// is up to date (the model id defaults to `STAGE.OUTPUT`).
     #[arg(long)]
@@ -230,6 +233,9 @@ enum ArtifactCmd {
         what: String,
         #[arg(long, default_value_t = 5)]
         rows: usize,
+        /// Characters shown of a cell (a list of token ids runs to thousands); 0 = all.
+        #[arg(long, default_value_t = 60)]
+        width: usize,
     },
     /// Re-hash every committed instance and report corrupt ones.
     Verify {
@@ -311,7 +317,7 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
     match cli.cmd {
         Cmd::Serve(mut args) => {
             if let Some(file) = args.pipeline.take() {
-                let p = load_plan(&file, &[], rt.catalog)?;
+                let p = load_plan(&file, &parse_sets(&std::mem::take(&mut args.sets))?, rt.catalog)?;
                 let stage = args.model.to_string_lossy().to_string();
                 let (dir, name) = served_checkpoint(&p, &root, &stage)?;
                 args.model = dir;
@@ -489,8 +495,8 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             }
         }
         Cmd::Stage(StageCmd::Serve) => Ok(crate::engine::warm::serve(&Store::open(&root)?, rt)?),
-        Cmd::Artifact(ArtifactCmd::Show { what, rows }) => {
-            show(&root, &what, rows)?;
+        Cmd::Artifact(ArtifactCmd::Show { what, rows, width }) => {
+            show(&root, &what, rows, width)?;
             Ok(0)
         }
         Cmd::Artifact(ArtifactCmd::Verify { fix }) => {
@@ -937,10 +943,10 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
     Ok(())
 }
 
-fn show(root: &Path, what: &str, rows: usize) -> Result<()> {
+fn show(root: &Path, what: &str, rows: usize, width: usize) -> Result<()> {
     let path = PathBuf::from(what);
     if path.is_file() {
-        return show_parquet(&path, rows);
+        return show_parquet(&path, rows, width);
     }
     let store = Store::existing(root)?;
     let matches: Vec<String> = store
@@ -976,7 +982,7 @@ fn show(root: &Path, what: &str, rows: usize) -> Result<()> {
         let schema = Schema::parse(&o.schema).unwrap_or(Schema::Dir);
         let p = schema.output_path(&store.outputs_dir(&key), name);
         if schema.is_tabular() {
-            show_parquet(&p, rows)?;
+            show_parquet(&p, rows, width)?;
         } else {
             for f in &o.files {
                 println!("  {} ({} bytes)", f.path, f.bytes);
@@ -986,7 +992,7 @@ fn show(root: &Path, what: &str, rows: usize) -> Result<()> {
     Ok(())
 }
 
-fn show_parquet(path: &Path, rows: usize) -> Result<()> {
+fn show_parquet(path: &Path, rows: usize, width: usize) -> Result<()> {
     let batch = crate::artifact::read_batches(path)?;
     println!("{} rows; schema:", batch.num_rows());
     for f in batch.schema().fields() {
@@ -998,6 +1004,36 @@ fn show_parquet(path: &Path, rows: usize) -> Result<()> {
         );
     }
     let head = batch.slice(0, rows.min(batch.num_rows()));
-    println!("{}", arrow::util::pretty::pretty_format_batches(&[head])?);
+    println!("{}", arrow::util::pretty::pretty_format_batches(&[shortened(&head, width)?])?);
     Ok(())
+}
+
+/// The batch with every cell as its text, cut to `width` characters (0: whole) and saying how
+/// long it was.
+fn shortened(batch: &arrow::array::RecordBatch, width: usize) -> Result<arrow::array::RecordBatch> {
+    use arrow::array::{ArrayRef, StringArray};
+    use arrow::util::display::{ArrayFormatter, FormatOptions};
+    if width == 0 {
+        return Ok(batch.clone());
+    }
+    let options = FormatOptions::default().with_null("null");
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (f, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        let fmt = ArrayFormatter::try_new(col.as_ref(), &options)?;
+        let cells: Vec<String> = (0..col.len())
+            .map(|i| {
+                let text = fmt.value(i).to_string();
+                let n = text.chars().count();
+                if n <= width {
+                    return text;
+                }
+                let items = col.as_any().downcast_ref::<arrow::array::ListArray>().map(|l| format!("{} items, ", l.value_length(i)));
+                format!("{}… ({}{n} chars)", text.chars().take(width).collect::<String>(), items.unwrap_or_default())
+            })
+            .collect();
+        fields.push(arrow::datatypes::Field::new(f.name(), arrow::datatypes::DataType::Utf8, true));
+        columns.push(std::sync::Arc::new(StringArray::from(cells)));
+    }
+    Ok(arrow::array::RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), columns)?)
 }

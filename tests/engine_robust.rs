@@ -450,6 +450,10 @@ fn status_dag_explain_show_and_gc() {
         show.contains("200 rows") && show.contains("x: Float64"),
         "{show}"
     );
+    // Cells are cut to --width characters, saying how long they were.
+    let narrow = text(&p.run(&["artifact", "show", &key[..10], "--width", "3"]).stdout);
+    assert!(narrow.contains("… (") && narrow.contains(" chars)"), "{narrow}");
+    assert!(!show.contains(" chars)"), "short cells are whole: {show}");
 
     // A second variant leaves instances that the base pipeline no longer references.
     p.run_ok(&pl, &["--set", "numbers.n=20"]);
@@ -1094,6 +1098,18 @@ fn read_only_commands_never_create_a_store() {
     );
     assert!(!text(&out.stderr).contains(" ran, "), "a dry run prints no run summary: {}", text(&out.stderr));
     assert!(!p.store().exists(), "a read-only command created the store");
+}
+
+/// `serve --pipeline` looks the stage up in the variant a run's `--set` made; `--set` needs it.
+#[test]
+fn serve_takes_the_runs_set_with_its_pipeline() {
+    let p = Project::new();
+    let pl = p.pipeline("demo", DEMO);
+    let out = p.run(&["serve", "--pipeline", pl.to_str().unwrap(), "--model", "numbers", "--set", "zz.n=1"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("zz.n=1") && err.contains("no stage `zz`"), "the --set reached the plan: {err}");
+    let out = p.run(&["serve", "--model", "x", "--set", "numbers.n=1"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("--pipeline"), "{}", text(&out.stderr));
 }
 
 /// `serve` refuses at start what would fail every request (no token to sample, no slot).

@@ -517,10 +517,11 @@ impl HttpSampler {
         };
         let Some(entry) = chosen else {
             bail!(
-                "stage `{}`: the server at {}/models serves {ids:?}, not `{expected}` (served_model for the policy checkpoint {}); refusing samples from another model",
+                "stage `{}`: the server at {}/models serves {ids:?}, not `{expected}` (served_model for the policy checkpoint {}); refusing samples from another model. If that server does serve this checkpoint, name it: `--set {}.served_model=<its id>` (or start it with `--model-name {expected}`)",
                 s.stage,
                 s.base,
-                &hash[..12.min(hash.len())]
+                &hash[..12.min(hash.len())],
+                s.stage.split('[').next().unwrap_or(&s.stage)
             );
         };
         s.model = entry.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
