@@ -419,9 +419,9 @@ fn dispatch(cli: Cli, rt: &Runtime, serve: Option<ServeFn>) -> Result<i32> {
             // A dry run said what it would do above; "0 ran" would read as a run that did nothing.
             if !dry_run {
                 let counters = summary
-                    .counters
+                    .counters_by_kind
                     .iter()
-                    .map(|(k, v)| format!(" {k}={v}"))
+                    .flat_map(|(kind, c)| c.iter().map(move |(k, v)| format!(" {kind}.{k}={v}")))
                     .collect::<String>();
                 let reused = if summary.reused.is_empty() {
                     String::new()

@@ -1100,6 +1100,18 @@ fn read_only_commands_never_create_a_store() {
     assert!(!p.store().exists(), "a read-only command created the store");
 }
 
+/// The run's summary line names each counter with its stage kind: one name counts different
+/// things in different kinds, so a sum across kinds would mislead.
+#[test]
+fn the_summary_line_names_counters_by_stage_kind() {
+    let p = Project::new();
+    let pl = p.pipeline("demo", DEMO);
+    let out = p.run(&["pipeline", "run", pl.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(out.status.success() && last.contains(" demo_numbers.rows=200") && last.contains(" demo_step.steps="), "{last}");
+}
+
 /// `serve --pipeline` looks the stage up in the variant a run's `--set` made; `--set` needs it.
 #[test]
 fn serve_takes_the_runs_set_with_its_pipeline() {

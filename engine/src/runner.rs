@@ -75,6 +75,9 @@ pub struct RunSummary {
     pub would_run: Vec<(String, Vec<String>)>,
     /// Sum of the counters of the instances that ran in this invocation.
     pub counters: BTreeMap<String, i64>,
+    /// The same sums per stage kind: a counter of one name means different things in different
+    /// kinds (a rollout's `thinking_unclosed` counts its samples, an eval's its own).
+    pub counters_by_kind: BTreeMap<String, BTreeMap<String, i64>>,
     pub interrupted: bool,
     /// The signal that interrupted the run (2 = SIGINT, 15 = SIGTERM); exit code 128 + it.
     pub signal: Option<i32>,
@@ -409,6 +412,7 @@ impl<'a> Scheduler<'a> {
                     self.ui.line(&format!("done     {} ({}) in {:.2}s", spec.instance, short(key), rec.wall_s));
                     for (k, v) in &rec.counters {
                         *self.summary.counters.entry(k.clone()).or_insert(0) += v;
+                        *self.summary.counters_by_kind.entry(spec.kind.clone()).or_default().entry(k.clone()).or_insert(0) += v;
                     }
                     self.summary.ran.push(spec.instance.clone());
                 }
