@@ -141,7 +141,8 @@ struct PlanArgs {
     /// Pipeline file (TOML).
     pipeline: PathBuf,
     /// Override a param: `stage.param=value` or `stage.params.param=value` (stage, chain.stage or
-    /// chain.stage[i]); `chain.repeat=N`; `stage.inputs.NAME=REF`; `stage.uses=KIND`.
+    /// chain.stage[i]; `*` = every stage that has it); `chain.repeat=N`; `stage.inputs.NAME=REF`;
+    /// `stage.uses=KIND`.
     #[arg(long = "set", value_name = "STAGE.PARAM=VALUE")]
     sets: Vec<String>,
 }

@@ -309,6 +309,10 @@ fn plan_mistakes_that_would_run_something_else_are_errors() {
     assert!(err.contains("param `factor`") && err.contains("NaN and infinity are not allowed"), "{err}");
     let err = fails(&p, &ok, &["--set", "d.inputs.table=file:"]);
     assert!(err.contains("`file:` names no path"), "{err}");
+    // Every missing input file in one error, not one per run.
+    let two = p.pipeline("two", "[[stage]]\nname = \"a\"\nuses = \"demo_sum\"\ninputs = { table = \"file:no-a.parquet\" }\n[[stage]]\nname = \"b\"\nuses = \"demo_sum\"\ninputs = { table = \"file:no-b.parquet\" }\n");
+    let err = fails(&p, &two, &[]);
+    assert!(err.contains("2 input files do not exist") && err.contains("stage `a` input `table`") && err.contains("no-b.parquet"), "{err}");
 
     for name in ["", "a.b", "s[2]", "two words"] {
         let err = fails(&p, &p.pipeline("names", &format!("[[stage]]\nname = \"{name}\"\nuses = \"demo_numbers\"\n")), &[]);
@@ -1098,6 +1102,27 @@ fn read_only_commands_never_create_a_store() {
     );
     assert!(!text(&out.stderr).contains(" ran, "), "a dry run prints no run summary: {}", text(&out.stderr));
     assert!(!p.store().exists(), "a read-only command created the store");
+}
+
+/// `--set '*.PARAM=…'` and `'*.inputs.NAME=…'` reach every stage that has the param or input
+/// (one model path for a whole pipeline), and nothing else.
+#[test]
+fn a_set_on_every_stage_reaches_the_stages_that_have_it() {
+    let p = Project::new();
+    let pl = p.pipeline("demo", DEMO);
+    let pls = pl.to_str().unwrap();
+    let explain = |stage: &str, set: &str| text(&p.run(&["pipeline", "explain", pls, stage, "--set", set]).stdout);
+    // demo_scale's `sleep_ms` (both scalings), and demo_numbers' own.
+    for stage in ["double", "triple", "numbers"] {
+        assert!(explain(stage, "*.sleep_ms=7").contains("sleep_ms = 7  (--set)"), "{stage}");
+    }
+    assert!(explain("double", "*.factor=5").contains("factor = 5.0  (--set)"));
+    assert!(explain("numbers", "*.factor=5").lines().all(|l| !l.contains("factor")), "numbers has no factor");
+    p.write("t.parquet", "");
+    let ex = explain("double", "*.inputs.table=file:t.parquet");
+    assert!(ex.contains("table (table) <- file:") && ex.contains("t.parquet"), "{ex}");
+    let out = p.run(&["pipeline", "explain", pls, "double", "--set", "*.no_such=1"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("has a param `no_such`"), "{}", text(&out.stderr));
 }
 
 /// The run's summary line names each counter with its stage kind: one name counts different

@@ -692,6 +692,25 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
 
     apply_sets(file, sets, &chains, &mut pending)?;
 
+    // Every missing input file at once (a pipeline pointed at other data rewires several).
+    let mut missing: Vec<String> = Vec::new();
+    for p in &pending {
+        for (input, raw) in &p.raw_inputs {
+            let Some(path) = raw.strip_prefix("file:").filter(|path| !path.trim().is_empty()) else { continue };
+            let full = pdir.join(path);
+            let line = format!("stage `{}` input `{input}`: {}", p.node.base, full.display());
+            if !full.exists() && !missing.contains(&line) {
+                missing.push(line);
+            }
+        }
+    }
+    if missing.len() > 1 {
+        return Err(EngineError::Parse {
+            path: file.to_path_buf(),
+            message: format!("{} input files do not exist:\n  {}", missing.len(), missing.join("\n  ")),
+        });
+    }
+
     // Wire inputs.
     let index: HashMap<String, usize> = pending
         .iter()
@@ -858,6 +877,9 @@ fn interpolate_step(v: &toml::Value, at: Option<(usize, usize)>) -> toml::Value 
     }
 }
 
+/// The target of `--set '*.PARAM=…'` / `'*.inputs.NAME=…'`: every stage that has it.
+pub const SET_EVERY_STAGE: &str = "*";
+
 fn apply_sets(
     file: &Path,
     sets: &[SetArg],
@@ -868,10 +890,17 @@ fn apply_sets(
         if (s.param == "repeat" && chains.iter().any(|c| c.name == s.target)) || s.param == "uses" {
             continue;
         }
+        // `*` is every stage that has the input or param (one model for a whole pipeline).
+        let every = s.target == SET_EVERY_STAGE;
         let mut matched = 0;
         for p in pending.iter_mut() {
             let n = &mut p.node;
-            if !(n.name == s.target || n.base == s.target || n.stage == s.target) {
+            let named = n.name == s.target || n.base == s.target || n.stage == s.target;
+            let has = match s.param.strip_prefix(INPUT_SET_PREFIX) {
+                Some(input) => n.kind.inputs.contains_key(input),
+                None => n.kind.defaults.contains_key(&s.param),
+            };
+            if !(named || (every && has)) {
                 continue;
             }
             matched += 1;
@@ -898,6 +927,13 @@ fn apply_sets(
             })?;
             n.params.insert(s.param.clone(), toml_to_json(&v));
             n.param_sources.insert(s.param.clone(), ParamSource::SetArg);
+        }
+        if matched == 0 && every {
+            let what = match s.param.strip_prefix(INPUT_SET_PREFIX) {
+                Some(input) => format!("an input `{input}`"),
+                None => format!("a param `{}`", s.param),
+            };
+            return Err(EngineError::SetArg { arg: s.raw.clone(), message: format!("no stage of {} has {what}", file.display()) });
         }
         if matched == 0 {
             return Err(EngineError::SetArg {
