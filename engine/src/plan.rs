@@ -696,11 +696,11 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
     let mut missing: Vec<String> = Vec::new();
     for p in &pending {
         for (input, raw) in &p.raw_inputs {
-            let Some(path) = raw.strip_prefix("file:").filter(|path| !path.trim().is_empty()) else { continue };
-            let full = pdir.join(path);
-            let line = format!("stage `{}` input `{input}`: {}", p.node.base, full.display());
-            if !full.exists() && !missing.contains(&line) {
-                missing.push(line);
+            if let Some(Err(why)) = file_ref(raw, &pdir) {
+                let line = format!("stage `{}` input `{input}`: {why}", p.node.base);
+                if !missing.contains(&line) {
+                    missing.push(line);
+                }
             }
         }
     }
@@ -967,6 +967,17 @@ fn expand_steps(
         .collect())
 }
 
+/// The path of a `file:` ref (relative to the pipeline's folder), or why it names none; `None`
+/// for any other ref.
+fn file_ref(raw: &str, pdir: &Path) -> Option<std::result::Result<PathBuf, String>> {
+    let path = raw.strip_prefix("file:")?;
+    if path.trim().is_empty() {
+        return Some(Err("`file:` names no path".into()));
+    }
+    let full = pdir.join(path);
+    Some(if full.exists() { Ok(full) } else { Err(format!("file `{}` does not exist", full.display())) })
+}
+
 /// Resolve `stage.output`, `chain.stage[i].output` (i may be negative or `last`), a sibling
 /// `stage.output` inside a chain (same step, or the previous one for carried inputs), or `file:path`.
 fn resolve_ref(
@@ -977,15 +988,8 @@ fn resolve_ref(
     repeats: &HashMap<String, usize>,
     pdir: &Path,
 ) -> std::result::Result<InputRef, String> {
-    if let Some(path) = raw.strip_prefix("file:") {
-        if path.trim().is_empty() {
-            return Err("`file:` names no path".into());
-        }
-        let full = pdir.join(path);
-        if !full.exists() {
-            return Err(format!("file `{}` does not exist", full.display()));
-        }
-        return Ok(InputRef::File { path: full });
+    if let Some(file) = file_ref(raw, pdir) {
+        return file.map(|path| InputRef::File { path });
     }
     let (target, output) = raw
         .rsplit_once('.')

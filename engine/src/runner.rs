@@ -457,7 +457,6 @@ impl<'a> Scheduler<'a> {
         }
     }
 
-    /// Count what never ran, save the refs, close the display.
     /// A stage process killed mid-write (a signal, a crash, an interruption) leaves its partial
     /// outputs, a checkpoint's gigabytes perhaps; unless another run has taken the instance up
     /// meanwhile, they go now rather than at the next run's start.
@@ -467,6 +466,7 @@ impl<'a> Scheduler<'a> {
         }
     }
 
+    /// Count what never ran, save the refs, close the display.
     fn finish(mut self, t0: Instant) -> Result<RunSummary> {
         for (i, s) in self.states.iter().enumerate() {
             if self.sel.targets[i] && matches!(s, State::Waiting | State::Queued(_)) {

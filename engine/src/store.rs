@@ -247,13 +247,7 @@ impl Store {
 
     /// The store to itself (`artifact gc`), or `None` while a run holds [`Store::in_use`].
     pub fn try_alone(&self) -> Result<Option<InstanceLock>> {
-        let path = self.use_lock_path();
-        let file = File::create(&path).at(&path)?;
-        match file.try_lock() {
-            Ok(()) => Ok(Some(InstanceLock { _file: file })),
-            Err(fs::TryLockError::WouldBlock) => Ok(None),
-            Err(fs::TryLockError::Error(e)) => Err(EngineError::Io { path, error: e }),
-        }
+        try_lock_file(self.use_lock_path())
     }
 
     fn use_lock_path(&self) -> PathBuf {
@@ -270,13 +264,7 @@ impl Store {
 
     /// Some(lock) when free, None when another process holds it.
     pub fn try_lock(&self, key: &str) -> Result<Option<InstanceLock>> {
-        let path = self.root.join("locks").join(format!("{key}.lock"));
-        let file = File::create(&path).at(&path)?;
-        match file.try_lock() {
-            Ok(()) => Ok(Some(InstanceLock { _file: file })),
-            Err(fs::TryLockError::WouldBlock) => Ok(None),
-            Err(fs::TryLockError::Error(e)) => Err(EngineError::Io { path, error: e }),
-        }
+        try_lock_file(self.root.join("locks").join(format!("{key}.lock")))
     }
 
     /// A fresh temp dir for `key`; leftovers of dead runs are removed (caller holds the lock).
@@ -528,6 +516,17 @@ pub fn hash_output(outputs_dir: &Path, path: &Path, schema: &str) -> Result<Outp
 /// full (`FileHashes::source` uses remembered hashes).
 pub fn hash_source(path: &Path) -> Result<String> {
     FileHashes::none().source(path)
+}
+
+/// An exclusive lock on the file at `path` (created if missing), or `None` when another process
+/// holds it.
+fn try_lock_file(path: PathBuf) -> Result<Option<InstanceLock>> {
+    let file = File::create(&path).at(&path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(InstanceLock { _file: file })),
+        Err(fs::TryLockError::WouldBlock) => Ok(None),
+        Err(fs::TryLockError::Error(e)) => Err(EngineError::Io { path, error: e }),
+    }
 }
 
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
