@@ -256,11 +256,9 @@ fn parse_sampling(obj: &serde_json::Map<String, Value>, max_new_tokens: usize) -
     };
     let temperature = num("temperature", 1.0)?;
     let top_p = num("top_p", 1.0)?;
+    // OpenAI's range; the rest of the sampling params are checked below as every sampler's are.
     if !(0.0..=2.0).contains(&temperature) {
         return Err(bad(format!("temperature {temperature} is outside [0, 2]")));
-    }
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(bad(format!("top_p {top_p} is outside (0, 1]")));
     }
     let top_k = match obj.get("top_k") {
         None | Some(Value::Null) => 0,
@@ -286,14 +284,14 @@ fn parse_sampling(obj: &serde_json::Map<String, Value>, max_new_tokens: usize) -
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(bad("`stop` must be a string or an array of strings")),
     };
-    if stop_strings.iter().any(String::is_empty) {
-        return Err(bad("`stop` strings must not be empty"));
-    }
     let stop_token_ids = match obj.get("stop_token_ids") {
         None | Some(Value::Null) => vec![],
         Some(v) => token_ids(v).ok_or_else(|| bad("`stop_token_ids` must be an array of token ids"))?,
     };
     let sampling = SamplingParams { temperature, top_p, top_k, max_new_tokens: max_tokens, stop_strings, stop_token_ids };
+    if let Some(why) = sampling.invalid() {
+        return Err(bad(why));
+    }
     // A seed is 64 bits, written unsigned or (as vLLM validates it, and as rredcot's http
     // backend sends it) signed: -1 is seed 2^64 - 1.
     let seed = match obj.get("seed") {
@@ -500,7 +498,8 @@ mod tests {
             (br#"{"model":"m"}"#, "`messages`"),
             (br#"{"messages":[{"role":"robot","content":"x"}]}"#, "robot"),
             (br#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, "temperature"),
-            (br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#, "top_p"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#, "top_p 0 is outside (0, 1]"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"stop":["a",""]}"#, "stop_strings[1] is empty"),
             (br#"{"messages":[{"role":"user","content":"x"}],"n":100}"#, "n = 100"),
             (br#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, "`stream` must be a boolean"),
             (br#"{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#, "only allowed with stream = true"),
