@@ -697,7 +697,7 @@ pub fn load_plan(file: &Path, sets: &[SetArg], catalog: &Catalog) -> Result<Plan
     for p in &pending {
         for (input, raw) in &p.raw_inputs {
             if let Some(Err(why)) = file_ref(raw, &pdir) {
-                let line = format!("stage `{}` input `{input}`: {why}", p.node.base);
+                let line = format!("stage `{}` input `{input}` = \"{raw}\": {why}", p.node.base);
                 if !missing.contains(&line) {
                     missing.push(line);
                 }
