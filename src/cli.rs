@@ -857,12 +857,10 @@ fn explain(p: &Plan, root: &Path, stage: &str) -> Result<()> {
         match &n.kind.runner {
             crate::engine::plan::Runner::Builtin { .. } => println!("code       {}", n.kind.code_version),
             // An external stage's code is its command and script: their bytes are in the key too.
-            crate::engine::plan::Runner::External { script, .. } => {
-                let script_hash = match (&spec, script) {
-                    (Some(s), Some(_)) => match &s.runner {
-                        crate::engine::spec::RunnerSpec::External { script_sha256: Some(h), .. } => format!(", script sha256 {}", short(h)),
-                        _ => String::new(),
-                    },
+            crate::engine::plan::Runner::External { .. } => {
+                // Hashed only when the kind has a script.
+                let script_hash = match spec.as_ref().map(|s| &s.runner) {
+                    Some(crate::engine::spec::RunnerSpec::External { script_sha256: Some(h), .. }) => format!(", script sha256 {}", short(h)),
                     _ => String::new(),
                 };
                 println!("code       version {} (the stage file's), the command{script_hash}", n.kind.code_version)
