@@ -300,6 +300,14 @@ fn broken_rollouts_are_row_errors_and_long_traces_error_or_truncate() {
     let p = spliced_pipeline(dir.path(), "nan_entropy", &rewrite("t[0]['entropies'][-1] = math.nan"));
     let text = failure_text(&run_pipeline(&store, &p, &[]));
     assert!(text.contains("row 0 (prompt tg-") && text.contains("entropy of token"), "{text}");
+    // A cot_end past the completion or negative: an error naming the row (0, an empty chain of
+    // thought, is valid: tests/thinking.rs).
+    let p = spliced_pipeline(dir.path(), "cot_end_past", &rewrite("t[3]['cot_end'] = len(t[3]['completion_ids']) + 1"));
+    let text = failure_text(&run_pipeline(&store, &p, &[]));
+    assert!(text.contains("row 3 (prompt tg-") && text.contains("is outside the completion's 0..="), "{text}");
+    let p = spliced_pipeline(dir.path(), "cot_end_negative", &rewrite("t[1]['cot_end'] = -1"));
+    let text = failure_text(&run_pipeline(&store, &p, &[]));
+    assert!(text.contains("row 1 (prompt tg-") && text.contains("cot_end -1 is outside"), "{text}");
 
     // A policy with a short context: rollouts are clamped to fit (counted); trace + targets
     // overflow scoring unless a shortened window may be scored (counted).

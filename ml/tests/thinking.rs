@@ -99,7 +99,9 @@ params = {{ lr = 1e-4, loss_type = "dapo" }}
 
 /// Rollouts that are the reference solutions themselves (correct thinking traces, closed by
 /// `<|im_end|>`), plus, as sample 1 of the first prompt, the first one cut before its `</think>`
-/// (thinking never closed, reward 0).
+/// (thinking never closed, reward 0), and as sample 1 of the second prompt its bare answer line
+/// with `cot_end = 0` (as a model without thinking that answers on its first line writes it: an
+/// empty chain of thought).
 fn reference_rollouts(prompts: &[PromptRow], tok: &Tokenizer, policy: &str) -> Vec<RolloutRow> {
     let te = tok
         .think_end_id
@@ -138,6 +140,10 @@ fn reference_rollouts(prompts: &[PromptRow], tok: &Tokenizer, policy: &str) -> V
         )
         .unwrap();
     out.push(row(&prompts[0], 1, open, 0.0));
+    let answer_only = tok
+        .encode(&format!("The answer is {}.<|im_end|>", prompts[1].answer.as_deref().unwrap()))
+        .unwrap();
+    out.push(RolloutRow { cot_end: Some(0), ..row(&prompts[1], 1, answer_only, 1.0) });
     out
 }
 
@@ -175,12 +181,17 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
     let s = run_ok(&store, &p, &[], &[]);
 
     // 2. Segments tile 0..cot_end: the answer after `</think>` has no segment. The never-closed
-    //    trace is segmented whole (on_unclosed = truncate), counted.
+    //    trace is segmented whole (on_unclosed = truncate), counted. The answer-only trace (the
+    //    last row) has nothing to segment: no row, counted, and not as never-closed.
     let segs: Vec<SegmentRow> =
         read_rows(&output(&store, &s, "segment", "segments"), Schema::Segments).unwrap();
-    assert_eq!(segs.len(), rollouts.len());
+    assert_eq!(segs.len(), rollouts.len() - 1);
+    assert!(!segs
+        .iter()
+        .any(|s| s.prompt_id == rollouts[5].prompt_id && s.sample_idx == 1));
     let seg_rec = record(&store, &s, "segment");
     assert_eq!(seg_rec["counters"]["thinking_unclosed"].as_i64(), Some(1));
+    assert_eq!(seg_rec["counters"]["no_chain_of_thought"].as_i64(), Some(1));
     let after: usize = rollouts
         .iter()
         .map(|r| r.completion_ids.len() - r.cot_len())
@@ -309,8 +320,14 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
     for (row, r) in mc.iter().zip(&rollouts) {
         assert_eq!(*row.r.last().unwrap(), r.reward);
     }
-    // 6. The σ update trained on them (answer tokens at GRPO's weight).
-    assert!(record(&store, &s, "update")["outputs"]["policy"]["hash"].is_string());
+    // σ and the scorers score only segmented traces: none for the answer-only one.
+    assert_eq!((scores.len(), loo.len(), mc.len()), (segs.len(), segs.len(), segs.len()));
+    // 6. The σ update trained on them (answer tokens at GRPO's weight); the answer-only trace
+    //    with GRPO's uniform credit, counted.
+    let upd = record(&store, &s, "update");
+    assert!(upd["outputs"]["policy"]["hash"].is_string());
+    assert_eq!(upd["counters"]["no_cot_uniform_credit"].as_i64(), Some(1));
+    assert_eq!(upd["counters"]["unclosed_uniform_credit"].as_i64(), Some(0));
 
     // 7. on_unclosed = skip: no segments or scores for the open trace, uniform credit in the update.
     let skip = run_ok(&store, &p, &["segment.on_unclosed=skip"], &[]);
@@ -319,7 +336,7 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
         Schema::Segments,
     )
     .unwrap();
-    assert_eq!(segs.len(), rollouts.len() - 1);
+    assert_eq!(segs.len(), rollouts.len() - 2);
     assert!(!segs
         .iter()
         .any(|s| s.prompt_id == rollouts[4].prompt_id && s.sample_idx == 1));
@@ -329,6 +346,10 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
     );
     assert_eq!(
         record(&store, &skip, "update")["counters"]["unclosed_uniform_credit"].as_i64(),
+        Some(1)
+    );
+    assert_eq!(
+        record(&store, &skip, "update")["counters"]["no_cot_uniform_credit"].as_i64(),
         Some(1)
     );
     // on_unclosed = error: stops, naming the row.

@@ -6,7 +6,8 @@
 //! completion tokens): the index after the end-of-thinking token, or, for a model without one, the
 //! first token of the line holding the verifier's extracted answer ([`answer_line_start`]).
 //! Segmentation and every credit method cover `0..cot_end` only; y* is scored right after it;
-//! answers are extracted only from the tokens after it.
+//! answers are extracted only from the tokens after it. `cot_end = 0` (an answer on the first
+//! line) is an empty chain of thought: no segments, and the update gives it GRPO's uniform credit.
 //!
 //! A trace whose thinking never closes (cut by the token budget, or no answer line) has no
 //! `cot_end`; the `on_unclosed` param ([`OnUnclosed`]) says what credit assignment does with it.
@@ -51,6 +52,13 @@ pub fn answer_line_start(text: &str, extracted: &str) -> Option<usize> {
     Some(text[..last].rfind('\n').map_or(0, |i| i + 1))
 }
 
+/// The `cot_end` of a continuation of a `prefix`-token trace prefix (a reset), counted from the
+/// continuation's first token, given `cot_end` of prefix + continuation: empty (0) when the chain
+/// of thought ended inside the prefix (the answer line read there), `None` when it never ended.
+pub fn continuation_cot_end(cot_end: Option<usize>, prefix: usize) -> Option<usize> {
+    cot_end.map(|c| c.saturating_sub(prefix))
+}
+
 /// The chain of thought of a reference solution u* written as `<think>…</think>answer`: the text
 /// between the markers (newlines at both ends dropped), scored as v_t's target after a partial
 /// chain of thought. A solution without the end marker is returned whole.
@@ -88,6 +96,15 @@ mod tests {
         );
         assert_eq!(answer_line_start("The answer is 6.", "6"), Some(0));
         assert_eq!(answer_line_start("no number here", "6"), None);
+    }
+
+    #[test]
+    fn a_continuation_counts_its_chain_of_thought_from_its_first_token() {
+        assert_eq!(continuation_cot_end(Some(9), 4), Some(5));
+        // Ended at or before the prefix's end: the continuation has an empty chain of thought.
+        assert_eq!(continuation_cot_end(Some(4), 4), Some(0));
+        assert_eq!(continuation_cot_end(Some(2), 4), Some(0));
+        assert_eq!(continuation_cot_end(None, 4), None);
     }
 
     #[test]

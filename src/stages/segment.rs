@@ -6,7 +6,9 @@
 //! chain of thought `0..cot_end` ([`crate::credit::thinking`]): the tokens after it (the answer)
 //! get no segment. A rollout whose thinking never closed is handled by `on_unclosed`: `truncate`
 //! (segment the whole completion), `skip` (no row; named on stderr) or `error`; counted as
-//! `thinking_unclosed`.
+//! `thinking_unclosed`. A rollout with an empty chain of thought (`cot_end = 0`: a model without
+//! thinking that answered on its first line) has nothing to segment: no row, counted as
+//! `no_chain_of_thought` (the update gives it GRPO's uniform credit).
 
 use anyhow::{bail, Context, Result};
 
@@ -61,7 +63,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let rollouts: Vec<RolloutRow> = read_rows(&path, Schema::Rollouts)?;
     let mut out = Vec::with_capacity(rollouts.len());
     let (mut skipped, mut total_segments) = (0i64, 0i64);
-    let (mut unclosed, mut unclosed_skipped, mut after_cot) = (0i64, 0i64, 0i64);
+    let (mut unclosed, mut unclosed_skipped, mut after_cot, mut no_cot) = (0i64, 0i64, 0i64, 0i64);
     let mut progress = ctx.progress(rollouts.len() as u64, "segmenting");
     for (row_idx, r) in rollouts.iter().enumerate() {
         let at = || {
@@ -107,8 +109,14 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
                 bail!("{}: entropy of token {i} is {}", at(), r.entropies[i]);
             }
         }
-        if let Some(c) = r.cot_end.filter(|&c| c < 1 || c as usize > n) {
-            bail!("{}: cot_end {c} is outside the completion's 1..={n} tokens", at());
+        if let Some(c) = r.cot_end.filter(|&c| c < 0 || c as usize > n) {
+            bail!("{}: cot_end {c} is outside the completion's 0..={n} tokens", at());
+        }
+        if r.cot_end == Some(0) {
+            no_cot += 1;
+            after_cot += n as i64;
+            progress.inc(1);
+            continue;
         }
         if r.cot_end.is_none() {
             unclosed += 1;
@@ -143,6 +151,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("thinking_unclosed", unclosed);
     ctx.count("unclosed_skipped", unclosed_skipped);
     ctx.count("tokens_after_cot", after_cot);
+    ctx.count("no_chain_of_thought", no_cot);
     ctx.metric("mean_segments", total_segments as f64 / out.len().max(1) as f64);
     write_rows(ctx.output("segments")?, Schema::Segments, &out)?;
     Ok(())

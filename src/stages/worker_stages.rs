@@ -9,14 +9,14 @@ use crate::engine::Executable::Worker;
 
 pub const WORKER_STAGES: &[BuiltinInfo] = &[
     BuiltinInfo { name: "bootstrap_sft", version: "4", runs_in: Worker },
-    BuiltinInfo { name: "rollout", version: "11", runs_in: Worker },
+    BuiltinInfo { name: "rollout", version: "12", runs_in: Worker },
     BuiltinInfo { name: "score_sigma", version: "3", runs_in: Worker },
     BuiltinInfo { name: "score_mc", version: "12", runs_in: Worker },
     BuiltinInfo { name: "score_loo", version: "3", runs_in: Worker },
     BuiltinInfo { name: "score_grad", version: "3", runs_in: Worker },
     BuiltinInfo { name: "score_progress", version: "11", runs_in: Worker },
-    BuiltinInfo { name: "reset", version: "12", runs_in: Worker },
+    BuiltinInfo { name: "reset", version: "13", runs_in: Worker },
     BuiltinInfo { name: "update", version: "5", runs_in: Worker },
-    BuiltinInfo { name: "eval", version: "11", runs_in: Worker },
+    BuiltinInfo { name: "eval", version: "12", runs_in: Worker },
     BuiltinInfo { name: "judge_local", version: "2", runs_in: Worker },
 ];

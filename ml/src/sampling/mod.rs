@@ -144,7 +144,7 @@ pub enum Thinking {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answered {
     /// Completion tokens of the chain of thought (see [`rredcot::credit::thinking`]); `None`:
-    /// it never ended.
+    /// it never ended; `Some(0)`: there is none, the answer starts the completion.
     pub cot_end: Option<usize>,
     /// The verifier on the answer part only (nothing extracted when the thinking never closed;
     /// not correct when the completion was cut without a final answer).
@@ -158,8 +158,9 @@ pub struct Answered {
 /// Splits a completion (`ids`, decoded `text`) at the end of its chain of thought and verifies
 /// the answer after it against `gold`. Thinking: the answer is the text after the first `</think>`;
 /// a completion without one has no answer (reward 0). Not thinking: the answer line is the line of
-/// the verifier's extraction, and `cot_end` is the token where that line starts (`None` when
-/// nothing is extracted or the answer is on the first line: no chain of thought before it).
+/// the verifier's extraction, and `cot_end` is the token where that line starts (`Some(0)` when
+/// the answer is on the first line: no chain of thought before it; `None` when nothing is
+/// extracted: no answer line, so the chain of thought never ended).
 /// `cut`: the completion hit its token budget; it is credited only if its answer part states a
 /// final answer ([`Answered::cut_unanswered`]).
 pub fn split_answer(tok: &Tokenizer, thinking: Thinking, gold: &str, ids: &[i64], text: &str, cut: bool) -> Result<Answered> {
@@ -185,8 +186,11 @@ pub fn split_answer(tok: &Tokenizer, thinking: Thinking, gold: &str, ids: &[i64]
     let (verdict, cut_unanswered) = judged(text);
     let line = verdict.extracted.as_deref().and_then(|e| answer_line_start(text, e));
     let cot_end = match line {
-        Some(at) if at > 0 => token_at_byte(tok, ids, at)?.filter(|&k| k > 0),
-        _ => None,
+        // The answer line starts the text: an empty chain of thought, not one that never ended.
+        Some(0) => Some(0),
+        // Token 0 when the line starts inside the first token: empty as well.
+        Some(at) => token_at_byte(tok, ids, at)?,
+        None => None,
     };
     Ok(Answered { cot_end, verdict, cut_unanswered })
 }
@@ -788,9 +792,11 @@ mod tests {
         assert!(a.verdict.correct);
         assert_eq!(tok.decode(&ids[c..], true).unwrap().trim_start(), "The answer is 8.", "the answer line starts at cot_end");
         assert!(tok.decode(&ids[..c], true).unwrap().trim_end().ends_with("= 8"));
-        // An answer on the first line leaves no chain of thought; nothing extracted, none either.
+        // An answer on the first line leaves an empty chain of thought (0: closed, nothing in it),
+        // not a never-ended one; nothing extracted: no answer line, so it never ended (None).
         let first = tok.encode("The answer is 8.").unwrap();
-        assert_eq!(split_answer(&tok, Thinking::Off, "8", &first, "The answer is 8.", false).unwrap().cot_end, None);
+        let a = split_answer(&tok, Thinking::Off, "8", &first, "The answer is 8.", false).unwrap();
+        assert_eq!((a.cot_end, a.verdict.correct), (Some(0), true));
         let none = tok.encode("Start with\n").unwrap();
         assert_eq!(split_answer(&tok, Thinking::Off, "8", &none, "Start with\n", false).unwrap().cot_end, None);
         let err = split_answer(&Tokenizer { think_end_id: None, ..tok.clone() }, Thinking::On, "8", &ids, &text, false).unwrap_err().to_string();

@@ -25,8 +25,8 @@ struct EvalParams {
     on_bad_prompt: OnBadPrompt,
 }
 
-// Version 11: a completion cut at max_new_tokens without a stated answer is not correct.
-pub const STAGE: Builtin = Builtin { name: "eval", version: "11", runs_in: Executable::Worker, run };
+// Version 12: an answer on the first line (no thinking) is no longer counted as thinking_unclosed.
+pub const STAGE: Builtin = Builtin { name: "eval", version: "12", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, p): (SamplerParams, EvalParams) = (ctx.params()?, ctx.params()?);
@@ -47,7 +47,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let context = sampler.context();
 
     let mut rows = Vec::new();
-    let (mut unclosed, mut cut_unanswered) = (0i64, 0i64);
+    let (mut unclosed, mut cut_unanswered, mut no_cot) = (0i64, 0i64, 0i64);
     for (bench, path) in &benchmarks {
         let prompts: Vec<PromptRow> = window(read_rows(path, Schema::Prompts)?, p.limit, 0);
         let jobs = plan_jobs(ctx, &prompts, path, &tok, context, k, p.on_bad_prompt)?;
@@ -57,6 +57,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             let cut = g.finish_reason == FinishReason::Length;
             let a = split_answer(&tok, thinking, job.gold, &g.tokens, &text, cut).with_context(|| format!("{bench}: prompt {} sample {}", job.row.id, job.sample_idx))?;
             unclosed += a.cot_end.is_none() as i64;
+            no_cot += (a.cot_end == Some(0)) as i64;
             cut_unanswered += a.cut_unanswered as i64;
             let verdict = a.verdict;
             rows.push(EvalRow {
@@ -84,6 +85,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("samples", rows.len() as i64);
     ctx.count("cut_unanswered", cut_unanswered);
     ctx.count("thinking_unclosed", unclosed);
+    ctx.count("no_chain_of_thought", no_cot);
     write_rows(ctx.output("eval")?, Schema::Eval, &rows)?;
     Ok(())
 }

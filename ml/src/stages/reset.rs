@@ -27,6 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rredcot::artifact::rows::{PromptRow, RolloutRow};
 use rredcot::artifact::{write_rows, write_table, Schema};
+use rredcot::credit::thinking::continuation_cot_end;
 use rredcot::engine::{Builtin, Executable, StageContext};
 use rredcot::prompt_text::prompt_text;
 use serde::Serialize;
@@ -111,8 +112,9 @@ struct Reset {
     row: PromptRow,
 }
 
-// Version 12: a continuation cut at max_new_tokens without a stated answer gets reward 0.
-pub const STAGE: Builtin = Builtin { name: "reset", version: "12", runs_in: Executable::Worker, run };
+// Version 13: a continuation whose chain of thought ended inside its prefix (or that answered on
+// its first line) has cot_end 0, an empty chain of thought, not null (never ended).
+pub const STAGE: Builtin = Builtin { name: "reset", version: "13", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);
@@ -215,8 +217,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             let a = split_answer(&tok, thinking, gold, &ids, &format!("{}{text}", r.prefix_text), g.finish_reason == FinishReason::Length)
                 .with_context(|| format!("reset {} continuation {j}", r.row.id))?;
             let verdict = a.verdict;
-            // The continuation's own chain of thought: none left when it ended inside the prefix.
-            let cot_end = a.cot_end.and_then(|c| c.checked_sub(r.prefix.len())).filter(|&c| c > 0);
+            let cot_end = continuation_cot_end(a.cot_end, r.prefix.len());
             let reward = if verdict.correct { 1.0 } else { 0.0 };
             rewards.push(reward);
             out_rollouts.push(RolloutRow {

@@ -42,8 +42,9 @@ struct RolloutParams {
     group_requests: bool,
 }
 
-// Version 11: a completion cut at max_new_tokens without a stated answer gets reward 0.
-pub const STAGE: Builtin = Builtin { name: "rollout", version: "11", runs_in: Executable::Worker, run };
+// Version 12: an answer on the first line (no thinking) has cot_end 0, an empty chain of thought,
+// not null (never ended).
+pub const STAGE: Builtin = Builtin { name: "rollout", version: "12", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (sampling, logprobs): (SamplerParams, EngineLogprobs) = (ctx.params()?, ctx.params()?);
@@ -92,6 +93,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     let generated: usize = rows.iter().map(|r| r.completion_ids.len()).sum();
     ctx.count("rollouts", rows.len() as i64);
     ctx.count("thinking_unclosed", rows.iter().filter(|r| r.cot_end.is_none()).count() as i64);
+    ctx.count("no_chain_of_thought", rows.iter().filter(|r| r.cot_end == Some(0)).count() as i64);
     ctx.count("cut_unanswered", cut_unanswered);
     ctx.metric("mean_reward", rows.iter().map(|r| r.reward).sum::<f64>() / rows.len().max(1) as f64);
     ctx.metric("mean_completion_tokens", generated as f64 / rows.len().max(1) as f64);

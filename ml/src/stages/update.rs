@@ -231,7 +231,7 @@ impl Batch {
         ctx.count("groups_all_rewards_equal", flat_groups as i64);
 
         let mut seqs = Vec::with_capacity(self.rollouts.len());
-        let (mut empty, mut unclosed_uniform) = (0i64, 0i64);
+        let (mut empty, mut unclosed_uniform, mut no_cot_uniform) = (0i64, 0i64, 0i64);
         for (i, r) in self.rollouts.iter().enumerate() {
             let at = || format!("{} row {i} (prompt {}, sample {})", rollouts_path.display(), r.prompt_id, r.sample_idx);
             let n = r.completion_ids.len();
@@ -255,10 +255,14 @@ impl Batch {
                 let ends = checked_ends(&sg.seg_starts, &sg.seg_ends, r.cot_len()).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
                 Ok((sc, ends))
             };
-            // A trace whose thinking never closed and that `segment` skipped (on_unclosed = "skip")
-            // has no credit scores: it trains with GRPO's uniform weights, counted.
-            let unscored = credit.kind != Credit::Uniform && r.cot_end.is_none() && !self.scores_of.contains_key(&key);
-            unclosed_uniform += unscored as i64;
+            // Traces `segment` gave no segments have no credit scores and train with GRPO's
+            // uniform weights, counted: a thinking that never closed under on_unclosed = "skip",
+            // and an empty chain of thought (cot_end = 0: the answer on the first line; σ over
+            // no segments is uniform credit too, token_weights' c = 0).
+            let no_cot = r.cot_end == Some(0);
+            let unscored = credit.kind != Credit::Uniform && (r.cot_end.is_none() || no_cot) && !self.scores_of.contains_key(&key);
+            unclosed_uniform += (unscored && !no_cot) as i64;
+            no_cot_uniform += (unscored && no_cot) as i64;
             let scored_row = if credit.kind != Credit::Uniform && !unscored { Some(scored()?) } else { None };
             let source = match (credit.kind, &scored_row) {
                 (Credit::Sigma, Some((sc, ends))) => CreditSource::Sigma { sigma: &sc.sigma, ends, mix: credit.sigma_mix },
@@ -283,6 +287,7 @@ impl Batch {
         }
         ctx.count("empty_completions_skipped", empty);
         ctx.count("unclosed_uniform_credit", unclosed_uniform);
+        ctx.count("no_cot_uniform_credit", no_cot_uniform);
         if seqs.is_empty() {
             bail!("{}: every rollout has an empty completion; nothing to train on", rollouts_path.display());
         }
