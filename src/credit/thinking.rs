@@ -4,10 +4,11 @@
 //! (DeepSeek-R1-Distill, Qwen3 in thinking mode, this project's default world) writes
 //! `<think> … </think>` and then its answer. The `rollout` stage records `cot_end` (exclusive, in
 //! completion tokens): the index after the end-of-thinking token, or, for a model without one, the
-//! first token of the line holding the verifier's extracted answer ([`answer_line_start`]).
-//! Segmentation and every credit method cover `0..cot_end` only; y* is scored right after it;
-//! answers are extracted only from the tokens after it. `cot_end = 0` (an answer on the first
-//! line) is an empty chain of thought: no segments, and the update gives it GRPO's uniform credit.
+//! first token of the sentence (within its line) holding the verifier's extracted answer
+//! ([`answer_start`]). Segmentation and every credit method cover `0..cot_end` only; y* is scored
+//! right after it; answers are extracted only from the tokens after it. `cot_end = 0` (the answer
+//! sentence starts the completion) is an empty chain of thought: no segments, and the update gives
+//! it GRPO's uniform credit.
 //!
 //! A trace whose thinking never closes (cut by the token budget, or no answer line) has no
 //! `cot_end`; the `on_unclosed` param ([`OnUnclosed`]) says what credit assignment does with it.
@@ -39,17 +40,41 @@ pub fn closed_at(ids: &[i64], think_end: i64) -> Option<usize> {
     ids.iter().position(|&t| t == think_end).map(|i| i + 1)
 }
 
-/// Byte offset in `text` of the start of the line holding the verifier's extracted answer
-/// `extracted` (the first extraction candidate with that text; see [`crate::math::extract`]).
-/// For models without an end-of-thinking token this line starts the answer y.
-pub fn answer_line_start(text: &str, extracted: &str) -> Option<usize> {
+/// Byte offset in `text` where the answer y starts, for models without an end-of-thinking token:
+/// the start of the sentence holding the verifier's extracted answer `extracted` (the first
+/// extraction candidate with that text; see [`crate::math::extract`]), within the line holding
+/// the match's end. Sentences, not lines: SmolLM2 wrote the answer in the last sentence of a
+/// line of reasoning in 28 of 128 GSM8K rollouts ("… = 0.167. So, the probability is …"), 6 of
+/// them the whole completion in one line, which a line rule credited as all answer.
+pub fn answer_start(text: &str, extracted: &str) -> Option<usize> {
     let c = crate::math::extract::candidates(text)
         .into_iter()
         .find(|c| c.text == extracted)?;
     // The line holding the match's last byte: a `\boxed{}` candidate's span may start earlier.
     let last = c.end.saturating_sub(1).max(c.start).min(text.len());
     let last = (0..=last).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
-    Some(text[..last].rfind('\n').map_or(0, |i| i + 1))
+    let line = text[..last].rfind('\n').map_or(0, |i| i + 1);
+    // Where the match starts on that line: a box's candidate spans from the text's start, so its
+    // last `\boxed`/`\fbox` there.
+    let from = c.start.max(line);
+    let span = &text[from..last];
+    let anchor = span.rfind("\\boxed").or_else(|| span.rfind("\\fbox")).map_or(from, |i| from + i);
+    Some(sentence_start(text, line, anchor))
+}
+
+/// The start of the sentence holding byte `anchor`, not before `line`: the first non-space after
+/// the last `.`, `!` or `?` that whitespace follows in `text[line..anchor]` (so `3.33` ends no
+/// sentence, `0.167. So` does).
+fn sentence_start(text: &str, line: usize, anchor: usize) -> usize {
+    let b = &text.as_bytes()[line..anchor];
+    let mut at = line;
+    for i in 0..b.len() {
+        if matches!(b[i], b'.' | b'!' | b'?') && b.get(i + 1).is_some_and(u8::is_ascii_whitespace) {
+            let gap = b[i + 1..].iter().take_while(|x| x.is_ascii_whitespace()).count();
+            at = line + i + 1 + gap;
+        }
+    }
+    at
 }
 
 /// The `cot_end` of a continuation of a `prefix`-token trace prefix (a reset), counted from the
@@ -85,17 +110,27 @@ mod tests {
     }
 
     #[test]
-    fn the_answer_line_is_the_line_of_the_extracted_answer() {
+    fn the_answer_is_the_sentence_of_the_extracted_answer_on_its_line() {
         let text = "Add 3: 5 + 3 = 8\nSubtract 2: 8 - 2 = 6\nThe answer is 6.";
-        let at = answer_line_start(text, "6").unwrap();
+        let at = answer_start(text, "6").unwrap();
         assert_eq!(&text[at..], "The answer is 6.");
         let boxed = "so x = 4\nThus \\boxed{4}";
-        assert_eq!(
-            &boxed[answer_line_start(boxed, "4").unwrap()..],
-            "Thus \\boxed{4}"
-        );
-        assert_eq!(answer_line_start("The answer is 6.", "6"), Some(0));
-        assert_eq!(answer_line_start("no number here", "6"), None);
+        assert_eq!(&boxed[answer_start(boxed, "4").unwrap()..], "Thus \\boxed{4}");
+        assert_eq!(answer_start("The answer is 6.", "6"), Some(0));
+        assert_eq!(answer_start("no number here", "6"), None);
+        // Reasoning and answer on one line: the answer is the sentence holding it.
+        let one = "Add 3: 5 + 3 = 8. Subtract 2: 8 - 2 = 6.  The answer is 6.";
+        assert_eq!(&one[answer_start(one, "6").unwrap()..], "The answer is 6.");
+        let last = "It is 1/6, about 0.167! So, the probability is 0.17.";
+        assert_eq!(&last[answer_start(last, "0.17").unwrap()..], "So, the probability is 0.17.");
+        let boxed = "x = 2 + 2 = 4. Thus \\boxed{4}.";
+        assert_eq!(&boxed[answer_start(boxed, "4").unwrap()..], "Thus \\boxed{4}.");
+        // A decimal point ends no sentence; nor does a stop after the answer.
+        let money = "Each costs $3.33 so two cost $6.66. Done.";
+        assert_eq!(answer_start(money, "6.66"), Some(0), "{money}");
+        // The line rule still holds: a sentence never starts before the answer's line.
+        let lines = "First. Second\nso 4 + 4 = 8";
+        assert_eq!(&lines[answer_start(lines, "8").unwrap()..], "so 4 + 4 = 8");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use anyhow::{bail, Context, Result};
 use rredcot::artifact::rows::PromptRow;
-use rredcot::credit::thinking::{answer_line_start, closed_at};
+use rredcot::credit::thinking::{answer_start, closed_at};
 use rredcot::math::{has_final_answer, verify_response, Verdict};
 use rredcot::engine::hash::sha256_hex;
 use rredcot::engine::{Progress, StageContext};
@@ -157,10 +157,10 @@ pub struct Answered {
 
 /// Splits a completion (`ids`, decoded `text`) at the end of its chain of thought and verifies
 /// the answer after it against `gold`. Thinking: the answer is the text after the first `</think>`;
-/// a completion without one has no answer (reward 0). Not thinking: the answer line is the line of
-/// the verifier's extraction, and `cot_end` is the token where that line starts (`Some(0)` when
-/// the answer is on the first line: no chain of thought before it; `None` when nothing is
-/// extracted: no answer line, so the chain of thought never ended).
+/// a completion without one has no answer (reward 0). Not thinking: the answer is the sentence of
+/// the verifier's extraction on its line ([`answer_start`]), and `cot_end` is the token where it
+/// starts (`Some(0)` when it starts the text: no chain of thought before it; `None` when nothing
+/// is extracted: no answer, so the chain of thought never ended).
 /// `cut`: the completion hit its token budget; it is credited only if its answer part states a
 /// final answer ([`Answered::cut_unanswered`]).
 pub fn split_answer(tok: &Tokenizer, thinking: Thinking, gold: &str, ids: &[i64], text: &str, cut: bool) -> Result<Answered> {
@@ -184,9 +184,9 @@ pub fn split_answer(tok: &Tokenizer, thinking: Thinking, gold: &str, ids: &[i64]
         });
     }
     let (verdict, cut_unanswered) = judged(text);
-    let line = verdict.extracted.as_deref().and_then(|e| answer_line_start(text, e));
+    let line = verdict.extracted.as_deref().and_then(|e| answer_start(text, e));
     let cot_end = match line {
-        // The answer line starts the text: an empty chain of thought, not one that never ended.
+        // The answer starts the text: an empty chain of thought, not one that never ended.
         Some(0) => Some(0),
         // Token 0 when the line starts inside the first token: empty as well.
         Some(at) => token_at_byte(tok, ids, at)?,
@@ -783,7 +783,7 @@ mod tests {
     }
 
     #[test]
-    fn without_thinking_the_chain_of_thought_ends_at_the_answer_line() {
+    fn without_thinking_the_chain_of_thought_ends_at_the_answer_sentence() {
         let tok = tokenizer();
         let ids = tok.encode("Start with 5.\nAdd 3: 5 + 3 = 8\nThe answer is 8.").unwrap();
         let text = tok.decode(&ids, true).unwrap();
@@ -797,6 +797,12 @@ mod tests {
         let first = tok.encode("The answer is 8.").unwrap();
         let a = split_answer(&tok, Thinking::Off, "8", &first, "The answer is 8.", false).unwrap();
         assert_eq!((a.cot_end, a.verdict.correct), (Some(0), true));
+        // Reasoning and answer in one line: the chain of thought ends before the answer sentence.
+        let one = tok.encode("Add 3: 5 + 3 = 8. The answer is 8.").unwrap();
+        let a = split_answer(&tok, Thinking::Off, "8", &one, &tok.decode(&one, true).unwrap(), false).unwrap();
+        let c = a.cot_end.unwrap();
+        assert_eq!(tok.decode(&one[c..], true).unwrap().trim_start(), "The answer is 8.");
+        assert_eq!(tok.decode(&one[..c], true).unwrap().trim_end(), "Add 3: 5 + 3 = 8.");
         let none = tok.encode("Start with\n").unwrap();
         assert_eq!(split_answer(&tok, Thinking::Off, "8", &none, "Start with\n", false).unwrap().cot_end, None);
         let err = split_answer(&Tokenizer { think_end_id: None, ..tok.clone() }, Thinking::On, "8", &ids, &text, false).unwrap_err().to_string();
