@@ -743,18 +743,13 @@ fn describe_failure(id: &str, state: &str, slurm_said: &str) -> String {
     if let Some(n) = fields.get("NodeList").filter(|n| n.as_str() != "(null)") {
         parts.push(format!("on {n}"));
     }
-    let over_mem = state == "OUT_OF_MEMORY"
-        || slurm_said
-            .to_ascii_lowercase()
-            .contains("exceeded job memory limit");
-    if over_mem {
-        let mem = fields
-            .get("MinMemoryNode")
-            .or(fields.get("MinMemoryCPU"))
-            .map(|m| format!(" of {m}"))
-            .unwrap_or_default();
-        parts.insert(0, format!("killed for exceeding its memory limit{mem}"));
+    let mem_limit = fields.get("MinMemoryNode").or(fields.get("MinMemoryCPU")).map(String::as_str);
+    let over_mem = memory_kill(state, fields.get("ExitCode").map(String::as_str), slurm_said, mem_limit);
+    if let Some(how) = over_mem {
+        let mem = mem_limit.map(|m| format!(" of {m}")).unwrap_or_default();
+        parts.insert(0, format!("{how} for exceeding its memory limit{mem}"));
     }
+    let over_mem = over_mem.is_some();
     let hint = match state {
         _ if over_mem => "; raise resources.mem in the stage file (or default_mem in the profile)",
         "TIMEOUT" => "; raise resources.time in the stage file (or default_time in the profile)",
@@ -767,6 +762,21 @@ fn describe_failure(id: &str, state: &str, slurm_said: &str) -> String {
         format!(" ({})", parts.join(", "))
     };
     format!("Slurm job {id} ended {state}{detail}; the instance is left incomplete{hint}")
+}
+
+/// How a failed job was killed for memory, if it was: "killed" when Slurm says so (state
+/// OUT_OF_MEMORY, or "exceeded job memory limit" in its output), "killed by SIGKILL, likely" when
+/// a job with a memory limit ended on signal 9 (exit code `N:9`) and Slurm said nothing more:
+/// without cgroups its sampling enforcer kills that way, and a kill early in the step's life
+/// reads FAILED with reason JobLaunchFailure and no message (seen on the test cluster under load).
+fn memory_kill(state: &str, exit_code: Option<&str>, slurm_said: &str, mem_limit: Option<&str>) -> Option<&'static str> {
+    if state == "OUT_OF_MEMORY" || slurm_said.to_ascii_lowercase().contains("exceeded job memory limit") {
+        return Some("killed");
+    }
+    let sigkill = exit_code.and_then(|c| c.split_once(':')).is_some_and(|(_, sig)| sig == "9");
+    // "50M" is a limit, "0" (or "0M") none.
+    let limited = mem_limit.is_some_and(|m| m.trim_start_matches('0').starts_with(|c: char| c.is_ascii_digit()));
+    (state == "FAILED" && sigkill && limited).then_some("killed by SIGKILL, likely")
 }
 
 /// The job's final state from accounting, where the cluster keeps it.
@@ -917,6 +927,19 @@ mod tests {
                 "{log}"
             );
         }
+    }
+
+    #[test]
+    fn a_memory_kill_is_named_from_the_state_the_output_or_a_sigkill_under_a_limit() {
+        assert_eq!(memory_kill("OUT_OF_MEMORY", Some("0:125"), "", Some("50M")), Some("killed"));
+        assert_eq!(memory_kill("FAILED", Some("0:9"), "slurmstepd: error: Exceeded job memory limit", Some("50M")), Some("killed"));
+        assert_eq!(memory_kill("FAILED", Some("0:9"), "", Some("50M")), Some("killed by SIGKILL, likely"));
+        // No limit (0 = none), another signal, a plain exit code or a cancel: not memory.
+        assert_eq!(memory_kill("FAILED", Some("0:9"), "", Some("0")), None);
+        assert_eq!(memory_kill("FAILED", Some("0:9"), "", None), None);
+        assert_eq!(memory_kill("FAILED", Some("0:15"), "", Some("50M")), None);
+        assert_eq!(memory_kill("FAILED", Some("1:0"), "", Some("50M")), None);
+        assert_eq!(memory_kill("CANCELLED", Some("0:9"), "", Some("50M")), None);
     }
 
     #[test]
