@@ -30,7 +30,7 @@ pub struct RolloutRow {
     pub policy_ckpt: String,
     /// Where the chain of thought ends in `completion_ids` (exclusive): the index after the
     /// end-of-thinking token (`</think>`) of a thinking model, else the first token of the final
-    /// answer's line (the verifier's extraction). `None`: the thinking never closed (or no answer
+    /// answer's sentence (the verifier's extraction; `credit::thinking::answer_start`). `None`: the thinking never closed (or no answer
     /// line was found); `0`: no chain of thought, the answer starts the completion. Credit
     /// assignment covers `0..cot_end` only; see [`crate::credit::thinking`].
     pub cot_end: Option<i32>,

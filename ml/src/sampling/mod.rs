@@ -184,11 +184,11 @@ pub fn split_answer(tok: &Tokenizer, thinking: Thinking, gold: &str, ids: &[i64]
         });
     }
     let (verdict, cut_unanswered) = judged(text);
-    let line = verdict.extracted.as_deref().and_then(|e| answer_start(text, e));
-    let cot_end = match line {
+    let start = verdict.extracted.as_deref().and_then(|e| answer_start(text, e));
+    let cot_end = match start {
         // The answer starts the text: an empty chain of thought, not one that never ended.
         Some(0) => Some(0),
-        // Token 0 when the line starts inside the first token: empty as well.
+        // Token 0 when the answer starts inside the first token: empty as well.
         Some(at) => token_at_byte(tok, ids, at)?,
         None => None,
     };

@@ -42,8 +42,8 @@ struct RolloutParams {
     group_requests: bool,
 }
 
-// Version 12: an answer on the first line (no thinking) has cot_end 0, an empty chain of thought,
-// not null (never ended).
+// Version 12 (no thinking): the answer starts at the sentence holding it, not its line; an answer
+// that starts the completion has cot_end 0, an empty chain of thought, not null (never ended).
 pub const STAGE: Builtin = Builtin { name: "rollout", version: "12", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
