@@ -125,10 +125,55 @@ impl Trace<'_> {
     }
 }
 
-/// y* as the scorers ask for it after a prefix: `template` with `{answer}` filled.
-pub fn answer_ids(tok: &Tokenizer, template: &str, answer: &str) -> Result<Vec<i64>> {
-    check_answer_template(template)?;
-    Ok(tok.encode(&template.replace("{answer}", answer))?)
+/// How many of a prefix's last tokens [`AnswerTarget::variant_after`] decodes to see how it ends
+/// (a run of newline tokens longer than this is as good as a blank line).
+const PREFIX_TAIL_TOKENS: usize = 8;
+
+/// y* as the scorers ask for it after a prefix: `answer_template` with `{answer}` filled, joined
+/// to the prefix without stacking newlines. The template's leading newlines put y* on a line of
+/// its own; a prefix that already ends in newlines has them, so that many are dropped from y*
+/// (`"\nThe answer is 6."` after a prefix ending in `"\n"` is `"The answer is 6."`). Asked after a
+/// blank line with its newline kept, SmolLM2-135M gave y* ~20 nats less (−35.9 vs −15.5, 37
+/// cuts): formatting, not reasoning, and ΔR took it wherever consecutive cuts ended differently.
+#[derive(Debug)]
+pub struct AnswerTarget {
+    /// `variants[k]`: the filled template's token ids with its first `k` leading newlines dropped.
+    variants: Vec<Vec<i64>>,
+}
+
+impl AnswerTarget {
+    pub fn new(tok: &Tokenizer, template: &str, answer: &str) -> Result<AnswerTarget> {
+        check_answer_template(template)?;
+        let text = template.replace("{answer}", answer);
+        let leading = text.len() - text.trim_start_matches('\n').len();
+        let variants = (0..=leading).map(|k| tok.encode(&text[k..])).collect::<std::result::Result<Vec<_>, _>>()?;
+        if variants.iter().any(Vec::is_empty) {
+            bail!("answer_template {template:?} filled with {answer:?} is only newlines: no y* to score");
+        }
+        Ok(AnswerTarget { variants })
+    }
+
+    /// Every form y* can take, `[k]` with `k` leading newlines dropped.
+    pub fn variants(&self) -> &[Vec<i64>] {
+        &self.variants
+    }
+
+    /// The most tokens any form of y* takes (what must fit in the context beside a prefix).
+    pub fn longest(&self) -> usize {
+        self.variants.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// Which form of y* follows `prefix`: as many leading newlines dropped as it ends with.
+    pub fn variant_after(&self, tok: &Tokenizer, prefix: &[i64]) -> Result<usize> {
+        let tail = tok.decode(&prefix[prefix.len().saturating_sub(PREFIX_TAIL_TOKENS)..], false)?;
+        let newlines = tail.len() - tail.trim_end_matches('\n').len();
+        Ok(newlines.min(self.variants.len() - 1))
+    }
+
+    /// y*'s token ids after `prefix` (see [`Self::variant_after`]).
+    pub fn after(&self, tok: &Tokenizer, prefix: &[i64]) -> Result<&[i64]> {
+        Ok(&self.variants[self.variant_after(tok, prefix)?])
+    }
 }
 
 /// A template without `{answer}` would ask every prefix for the same text, whatever y* is.
@@ -230,6 +275,45 @@ fn reset_prefix(row: &PromptRow) -> Result<Vec<i64>> {
     match meta.get(RESET_PREFIX_KEY) {
         None => Ok(Vec::new()),
         Some(v) => serde_json::from_value(v.clone()).with_context(|| format!("prompt {}: meta `{RESET_PREFIX_KEY}` is not a list of token ids", row.id)),
+    }
+}
+
+#[cfg(test)]
+mod answer_target_tests {
+    use super::AnswerTarget;
+    use crate::model::Tokenizer;
+
+    fn tokenizer() -> Tokenizer {
+        let texts: Vec<String> = (0..40).map(|i| format!("Add 3: {i} + 3 = {}.\n\nThe answer is {}.\n", i + 3, i + 3)).collect();
+        Tokenizer::trained_on(&texts)
+    }
+
+    #[test]
+    fn y_star_is_joined_to_the_prefix_without_stacking_newlines() {
+        let tok = tokenizer();
+        let y = AnswerTarget::new(&tok, "\nThe answer is {answer}.", "6").unwrap();
+        let text = |ids: &[i64]| tok.decode(ids, false).unwrap();
+        assert_eq!(y.variants().len(), 2);
+        for (prefix, want) in [
+            ("Add 3: 3 + 3 = 6", "\nThe answer is 6."),
+            ("Add 3: 3 + 3 = 6.\n", "The answer is 6."),
+            ("Add 3: 3 + 3 = 6.\n\n", "The answer is 6."),
+            ("<|im_start|>assistant\n", "The answer is 6."),
+        ] {
+            let ids = tok.encode(prefix).unwrap();
+            assert_eq!(text(y.after(&tok, &ids).unwrap()), want, "after {prefix:?}");
+        }
+        // Two leading newlines: a prefix ending in one newline keeps one, a blank line none.
+        let y = AnswerTarget::new(&tok, "\n\nThe answer is {answer}.", "6").unwrap();
+        for (prefix, want) in [("= 6", "\n\nThe answer is 6."), ("= 6\n", "\nThe answer is 6."), ("= 6\n\n", "The answer is 6."), ("= 6\n\n\n", "The answer is 6.")] {
+            let ids = tok.encode(prefix).unwrap();
+            assert_eq!(text(y.after(&tok, &ids).unwrap()), want, "after {prefix:?}");
+        }
+        // Without leading newlines there is one form, whatever the prefix.
+        let y = AnswerTarget::new(&tok, "The answer is {answer}.", "6").unwrap();
+        assert_eq!(y.variants().len(), 1);
+        assert_eq!(text(y.after(&tok, &tok.encode("= 6\n\n").unwrap()).unwrap()), "The answer is 6.");
+        assert!(AnswerTarget::new(&tok, "The answer", "6").unwrap_err().to_string().contains("{answer}"));
     }
 }
 

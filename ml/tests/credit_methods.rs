@@ -16,7 +16,7 @@ use rredcot_ml::stages::score_mc::CompletionRow;
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, table, TINY_ROLLOUT, TINY_WORLD};
+use common::{output, record, repo, y_star_after, table, TINY_ROLLOUT, TINY_WORLD};
 
 /// Fewer segments than the incremental pipeline's 40: MC samples k completions per exit point.
 const FEW_SEGMENTS: &str = "segment.max_segments=4";
@@ -101,8 +101,8 @@ impl Run {
     }
 
     /// (prompt ids, chain-of-thought ids (the completion up to `cot_end`) without a trailing stop
-    /// token, y* ids) of trace i, built here.
-    fn ids(&self, i: usize) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+    /// token) of trace i, built here.
+    fn ids(&self, i: usize) -> (Vec<i64>, Vec<i64>) {
         let tok = self.model.tokenizer.as_ref().unwrap();
         let prompt = self.prompts.iter().find(|p| p.id == self.segments[i].prompt_id).unwrap();
         let r = self.rollout(i);
@@ -111,9 +111,12 @@ impl Run {
         if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
             comp.pop();
         }
-        // The stages' default answer_template.
-        let y = tok.encode(&format!("\nThe answer is {}.", self.gold(i).trim())).unwrap();
-        (rredcot_ml::traces::encode_prompt(tok, prompt).unwrap(), comp, y)
+        (rredcot_ml::traces::encode_prompt(tok, prompt).unwrap(), comp)
+    }
+
+    /// y* ids of trace i after `prefix` (the stages' default answer_template).
+    fn y(&self, i: usize, prefix: &[i64]) -> Vec<i64> {
+        y_star_after(self.model.tokenizer.as_ref().unwrap(), "\nThe answer is {answer}.", self.gold(i).trim(), prefix)
     }
 
     /// Segment bounds of trace i clamped to `n` completion tokens.
@@ -171,7 +174,7 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
     // prefix once, plus the tokens generated.
     let (mut runs, mut distinct_prefixes): (Vec<Vec<i64>>, Vec<Vec<i64>>) = (Vec::new(), Vec::new());
     for i in 0..run.scores.len() {
-        let (prompt, comp, _) = run.ids(i);
+        let (prompt, comp) = run.ids(i);
         let bounds = run.bounds(i, comp.len());
         for t in 0..bounds.len() {
             let upto = if t == 0 { 0 } else { bounds[t - 1].1 };
@@ -191,7 +194,7 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
     assert_eq!(rec["counters"]["forward_tokens"].as_i64(), Some(prefilled + generated), "{rec}");
     let mut distinct = 0;
     for (i, row) in run.scores.iter().enumerate() {
-        let (_, comp, _) = run.ids(i);
+        let (_, comp) = run.ids(i);
         let t_max = run.segments[i].seg_ends.len();
         assert_eq!((row.r.len(), row.v.len()), (t_max + 1, t_max + 1));
         assert!(row.v.iter().all(|&x| x == 0.0));
@@ -249,7 +252,7 @@ fn mc_values_are_the_fraction_correct_of_their_completions_and_greedy_is_exact()
     let p = SamplingParams { temperature: 0.0, max_new_tokens: 24, ..Default::default() };
     let mut seen = [0; 2];
     for (i, row) in scores.iter().enumerate() {
-        let (prompt, comp, _) = run.ids(i);
+        let (prompt, comp) = run.ids(i);
         let bounds = run.bounds(i, comp.len());
         for t in 0..bounds.len() {
             let upto = if t == 0 { 0 } else { bounds[t - 1].1 };
@@ -276,15 +279,16 @@ fn loo_is_log_p_with_minus_without_each_segment() {
     };
     let mut informative = 0;
     for (i, row) in run.scores.iter().enumerate() {
-        let (prompt, comp, y) = run.ids(i);
+        let (prompt, comp) = run.ids(i);
         let full: Vec<i64> = prompt.iter().chain(&comp).copied().collect();
-        let with = sum(&[(full, y.clone())])[0];
+        let with = sum(&[(full.clone(), run.y(i, &full))])[0];
         let want: Vec<f64> = run
             .bounds(i, comp.len())
             .iter()
             .map(|&(s, e)| {
                 let without: Vec<i64> = prompt.iter().chain(&comp[..s]).chain(&comp[e..]).copied().collect();
-                with - sum(&[(without, y.clone())])[0]
+                let y = run.y(i, &without);
+                with - sum(&[(without, y)])[0]
             })
             .collect();
         assert!(close(&row.r, &want, 1e-4), "trace {i}: stage {:?} vs two logprob calls {want:?}", row.r);
@@ -298,15 +302,19 @@ fn loo_is_log_p_with_minus_without_each_segment() {
     let s = run_ok(&store, &pipeline, &["--set", "score.target=rest", "--set", "score.normalize=none"]);
     let scores: Vec<ScoreRow> = read_rows(&output(&store, &s, "score", "scores"), Schema::Scores).unwrap();
     for (i, row) in scores.iter().enumerate() {
-        let (prompt, comp, y) = run.ids(i);
+        let (prompt, comp) = run.ids(i);
+        let full: Vec<i64> = prompt.iter().chain(&comp).copied().collect();
         let want: Vec<f64> = run
             .bounds(i, comp.len())
             .iter()
             .map(|&(s, e)| {
-                let rest: Vec<i64> = comp[e..].iter().chain(&y).copied().collect();
+                // Each sequence asks for y* joined to how it ends: the whole trace, or the trace
+                // without u_t.
+                let rest = |y: Vec<i64>| -> Vec<i64> { comp[e..].iter().copied().chain(y).collect() };
                 let with: Vec<i64> = prompt.iter().chain(&comp[..e]).copied().collect();
                 let without: Vec<i64> = prompt.iter().chain(&comp[..s]).copied().collect();
-                let v = sum(&[(with, rest.clone()), (without, rest)]);
+                let without_all: Vec<i64> = without.iter().chain(&comp[e..]).copied().collect();
+                let v = sum(&[(with, rest(run.y(i, &full))), (without, rest(run.y(i, &without_all)))]);
                 v[0] - v[1]
             })
             .collect();
@@ -350,9 +358,11 @@ fn grad_attribution_equals_torch_autograd_per_segment() {
     }
     let seqs: Vec<(Vec<i64>, usize)> = (0..run.scores.len())
         .map(|i| {
-            let (prompt, comp, y) = run.ids(i);
+            let (prompt, comp) = run.ids(i);
             let start = prompt.len() + comp.len();
-            (prompt.into_iter().chain(comp).chain(y).collect(), start)
+            let full: Vec<i64> = prompt.into_iter().chain(comp).collect();
+            let y = run.y(i, &full);
+            (full.into_iter().chain(y).collect(), start)
         })
         .collect();
     let (inp, outp) = (dir.path().join("seqs.json"), dir.path().join("grads.json"));
@@ -362,7 +372,7 @@ fn grad_attribution_equals_torch_autograd_per_segment() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let grads: Vec<Vec<f64>> = serde_json::from_slice(&std::fs::read(&outp).unwrap()).unwrap();
     for (i, row) in run.scores.iter().enumerate() {
-        let (prompt, comp, _) = run.ids(i);
+        let (prompt, comp) = run.ids(i);
         let p = prompt.len();
         let want: Vec<f64> = run
             .bounds(i, comp.len())

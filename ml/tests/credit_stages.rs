@@ -13,7 +13,7 @@ use serde_json::Value;
 
 // Each test binary uses part of the shared helpers.
 mod common;
-use common::{output, record, repo, TINY_ROLLOUT, TINY_WORLD};
+use common::{output, record, repo, y_star_after, TINY_ROLLOUT, TINY_WORLD};
 
 fn run_pipeline(store: &Path, pipeline: &Path, sets: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
@@ -115,11 +115,19 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
         comp.pop();
     }
-    // The stages' default answer_template.
-    let y = tok.encode(&format!("\nThe answer is {}.", prompt.answer.as_deref().unwrap())).unwrap();
+    // y* after each cut (the stages' default answer_template, its newline not stacked on the
+    // cut's: the world's cuts end lines, its last cut ends `</think>`).
     let cuts: Vec<usize> = std::iter::once(0).chain(s0.seg_ends.iter().map(|&e| (e as usize).min(comp.len()))).collect();
-    let pairs: Vec<(Vec<i64>, Vec<i64>)> =
-        cuts.iter().map(|&c| (pids.iter().chain(&comp[..c]).copied().collect(), y.clone())).collect();
+    let pairs: Vec<(Vec<i64>, Vec<i64>)> = cuts
+        .iter()
+        .map(|&c| {
+            let prefix: Vec<i64> = pids.iter().chain(&comp[..c]).copied().collect();
+            let y = y_star_after(tok, "\nThe answer is {answer}.", prompt.answer.as_deref().unwrap(), &prefix);
+            (prefix, y)
+        })
+        .collect();
+    let y_forms: std::collections::BTreeSet<usize> = pairs.iter().map(|(_, y)| y.len()).collect();
+    assert!(y_forms.len() > 1, "trace 0's cuts ask for y* both after a newline and after `</think>`");
     let oracle = rredcot_ml::model::logprob(&m.model, &pairs, 4).unwrap();
     for (t, lp) in oracle.iter().enumerate() {
         let want: f64 = lp.iter().map(|&x| x as f64).sum();

@@ -14,7 +14,7 @@ use rredcot_ml::traces::encode_prompt;
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, table, TINY_ROLLOUT, TINY_WORLD};
+use common::{output, record, repo, y_star_after, table, TINY_ROLLOUT, TINY_WORLD};
 
 /// The prover: as tiny as the policy, another seed, a little longer.
 const TINY_PROVER: &[&str] = &[
@@ -76,12 +76,12 @@ fn progress_values_are_the_provers_and_reduce_to_grpo_without_progress_or_entrop
             comp.pop();
         }
         let prompt = encode_prompt(tok, p).unwrap();
-        // The stage's default answer_template.
-        let y = tok.encode(&format!("\nThe answer is {}.", p.answer.as_deref().unwrap().trim())).unwrap();
         let cuts = std::iter::once(0).chain(seg.seg_ends.iter().map(|&e| (e as usize).min(comp.len())));
         for (t, upto) in cuts.enumerate() {
             let ctx: Vec<i64> = prompt.iter().chain(&comp[..upto]).copied().collect();
-            let lp: f64 = model::logprob(&prover.model, &[(ctx, y.clone())], 1).unwrap()[0].iter().map(|&x| x as f64).sum();
+            // The stage's default answer_template, joined to the prefix.
+            let y = y_star_after(tok, "\nThe answer is {answer}.", p.answer.as_deref().unwrap().trim(), &ctx);
+            let lp: f64 = model::logprob(&prover.model, &[(ctx, y)], 1).unwrap()[0].iter().map(|&x| x as f64).sum();
             assert!((row.r[t] - lp.exp()).abs() <= 1e-4 * lp.exp().max(1e-6), "V_{t} = {} vs p = {}", row.r[t], lp.exp());
         }
         moved += row.r.windows(2).any(|w| (w[1] - w[0]).abs() > 1e-6) as usize;

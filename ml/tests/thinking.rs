@@ -17,7 +17,7 @@ use rredcot_ml::model::{self, Tokenizer};
 use serde_json::Value;
 
 mod common;
-use common::{output, record, repo, TINY_WORLD};
+use common::{output, record, repo, y_star_after, TINY_WORLD};
 
 /// A longer SFT than the tiny world's, so the policy has learnt the answer format.
 const WORLD: &[&str] = &["sft.steps=300"];
@@ -226,15 +226,15 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
     for (row, r) in scores.iter().zip(&rollouts) {
         let prompt = prompts.iter().find(|q| q.id == r.prompt_id).unwrap();
         let pids = rredcot_ml::traces::encode_prompt(tok, prompt).unwrap();
-        let y = tok
-            .encode(&TEMPLATE.replace("{answer}", prompt.answer.as_deref().unwrap()))
-            .unwrap();
+        let gold = prompt.answer.as_deref().unwrap();
         let cot: Vec<i64> = r.completion_ids[..r.cot_len()]
             .iter()
             .map(|&t| t as i64)
             .collect();
         let t_max = row.r.len() - 1;
-        let want = logp(&m, pids.iter().chain(&cot).copied().collect(), &y);
+        let after_cot: Vec<i64> = pids.iter().chain(&cot).copied().collect();
+        let y = y_star_after(tok, TEMPLATE, gold, &after_cot);
+        let want = logp(&m, after_cot, &y);
         assert!(
             (row.r[t_max] - want).abs() < 1e-4,
             "R_T {} vs y* after the thinking {want}",
@@ -243,7 +243,9 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
         if r.cot_end.is_some() {
             let mut own: Vec<i64> = r.completion_ids.iter().map(|&t| t as i64).collect();
             own.pop(); // <|im_end|>
-            let twice = logp(&m, pids.iter().chain(&own).copied().collect(), &y);
+            let after_own: Vec<i64> = pids.iter().chain(&own).copied().collect();
+            let y = y_star_after(tok, TEMPLATE, gold, &after_own);
+            let twice = logp(&m, after_own, &y);
             eprintln!(
                 "trace {} R = {:?}; y* after the own answer {twice:.3}",
                 r.prompt_id, row.r
@@ -273,9 +275,7 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
     for ((row, r), sg) in loo.iter().zip(&rollouts).zip(&segs) {
         let prompt = prompts.iter().find(|q| q.id == r.prompt_id).unwrap();
         let pids = rredcot_ml::traces::encode_prompt(tok, prompt).unwrap();
-        let y = tok
-            .encode(&TEMPLATE.replace("{answer}", prompt.answer.as_deref().unwrap()))
-            .unwrap();
+        let gold = prompt.answer.as_deref().unwrap();
         let mut cot: Vec<i64> = r.completion_ids[..r.cot_len()]
             .iter()
             .map(|&t| t as i64)
@@ -283,21 +283,21 @@ fn credit_covers_the_chain_of_thought_and_y_star_is_scored_after_think_end() {
         if cot.last().is_some_and(|t| tok.eos_ids.contains(t)) {
             cot.pop();
         }
-        let with = logp(&m, pids.iter().chain(&cot).copied().collect(), &y);
+        let full: Vec<i64> = pids.iter().chain(&cot).copied().collect();
+        let with = logp(&m, full.clone(), &y_star_after(tok, TEMPLATE, gold, &full));
         let want: Vec<f64> = sg
             .seg_starts
             .iter()
             .zip(&sg.seg_ends)
             .map(|(&a, &b)| {
-                with - logp(
-                    &m,
-                    pids.iter()
-                        .chain(&cot[..a as usize])
-                        .chain(&cot[(b as usize).min(cot.len())..])
-                        .copied()
-                        .collect(),
-                    &y,
-                )
+                let without: Vec<i64> = pids
+                    .iter()
+                    .chain(&cot[..a as usize])
+                    .chain(&cot[(b as usize).min(cot.len())..])
+                    .copied()
+                    .collect();
+                let y = y_star_after(tok, TEMPLATE, gold, &without);
+                with - logp(&m, without, &y)
             })
             .collect();
         assert_eq!(row.r.len(), sg.seg_ends.len());

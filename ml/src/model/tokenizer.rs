@@ -229,6 +229,14 @@ impl Tokenizer {
     pub fn save(&self, path: &Path) -> Result<()> {
         self.inner.save(path, false).map_err(|e| self.err(e))
     }
+
+    /// A small byte-level BPE trained on `texts` (Qwen chat template), for unit tests that need a
+    /// real tokenizer without a model.
+    #[cfg(test)]
+    pub(crate) fn trained_on(texts: &[String]) -> Tokenizer {
+        let inner = rredcot::stages::tokenizer_train::train(texts, 300, 2).expect("a test tokenizer trains");
+        Tokenizer::from_inner(inner, ChatTemplate::Qwen, vec![], Path::new("test"))
+    }
 }
 
 #[cfg(test)]

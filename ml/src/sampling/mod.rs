@@ -727,7 +727,6 @@ pub fn window(prompts: Vec<PromptRow>, limit: usize, batch_index: usize) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     /// Params that sample nothing (no token, a stop in every text) or that no sampler takes are
     /// refused naming the param, for every sampling stage (they share these params).
@@ -759,8 +758,7 @@ mod tests {
         let texts: Vec<String> = (0..50)
             .map(|i| format!("<think>\nStart with {i}.\nAdd 3: {i} + 3 = {}\n</think>\nThe answer is {}.", i + 3, i + 3))
             .collect();
-        let inner = rredcot::stages::tokenizer_train::train(&texts, 300, 2).unwrap();
-        Tokenizer::from_inner(inner, crate::model::ChatTemplate::Qwen, vec![], Path::new("test"))
+        Tokenizer::trained_on(&texts)
     }
 
     #[test]

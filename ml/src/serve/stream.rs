@@ -163,14 +163,12 @@ impl Chunks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     /// A byte-level BPE trained on a few lines, so that accented letters, arrows and emoji are
     /// split into byte tokens whose prefixes decode to U+FFFD.
     fn tokenizer() -> Tokenizer {
         let texts: Vec<String> = (0..40).map(|i| format!("Step {i}: add {i} + 3 = {}.\n\nThe answer is {}.", i + 3, i + 3)).collect();
-        let inner = rredcot::stages::tokenizer_train::train(&texts, 300, 2).unwrap();
-        Tokenizer::from_inner(inner, crate::model::ChatTemplate::Qwen, vec![], Path::new("test"))
+        Tokenizer::trained_on(&texts)
     }
 
     /// Streams `text`'s tokens `every` at a time as the decode loop would: the row ends at the

@@ -4,7 +4,7 @@
 //!   PMI_t = log p(target_t | x, u_1..u_T) − log p(target_t | x, trace without u_t)
 //!
 //! with `target = "answer"`: target_t = y* after the whole trace (y* = `answer_template` filled
-//! with the reference answer), or `target = "rest"` (the paper's choice): target_t = the
+//! with the reference answer, joined to each sequence as [`crate::traces::AnswerTarget`] says), or `target = "rest"` (the paper's choice): target_t = the
 //! subsequent segments u_{t+1}..u_T followed by y*, so PMI_t = log p(u_{>t}, y* | x, u_{≤t}) −
 //! log p(u_{>t}, y* | x, u_{<t}).
 //!
@@ -15,7 +15,7 @@
 use anyhow::Result;
 use rredcot::engine::{Builtin, Executable, StageContext};
 
-use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
+use crate::traces::{score_attribution, AnswerTarget, Attribution, Trace};
 use super::{load_policy_on, use_threads};
 use crate::model::{logprob, DecoderLm, DeviceChoice, DtypeChoice, Tokenizer};
 use rredcot::credit::sigma::Normalize;
@@ -44,15 +44,26 @@ struct LooParams {
 /// PMI_t for t = 1..T.
 fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target: Target, batch: usize) -> Result<Attribution> {
     let tt = trace.tokens(tok)?;
-    let y = answer_ids(tok, template, trace.answer()?)?;
+    let y = AnswerTarget::new(tok, template, trace.answer()?)?;
     let n = tt.completion.len();
+    // y* after a sequence, joined to how that sequence ends.
+    let with_answer = |mut seq: Vec<i64>| -> Result<Vec<i64>> {
+        let y = y.after(tok, &seq)?;
+        seq.extend_from_slice(y);
+        Ok(seq)
+    };
     // One pass over x, u, y*: per-token log p of every completion and answer token.
-    let mut pairs = vec![(tt.prompt.clone(), tt.completion.iter().chain(&y).copied().collect::<Vec<i64>>())];
+    let p = tt.prompt.len();
+    let mut pairs = vec![(tt.prompt.clone(), with_answer(tt.prefix(n))?.split_off(p))];
     for &(s, e) in &tt.bounds {
-        pairs.push(match target {
-            Target::Answer => (tt.prefix(s).into_iter().chain(tt.completion[e..].iter().copied()).collect(), y.clone()),
-            Target::Rest => (tt.prefix(s), tt.completion[e..].iter().chain(&y).copied().collect()),
-        });
+        let without: Vec<i64> = tt.prefix(s).into_iter().chain(tt.completion[e..].iter().copied()).collect();
+        let cut = match target {
+            Target::Answer => without.len(),
+            Target::Rest => p + s,
+        };
+        let mut seq = with_answer(without)?;
+        let continuation = seq.split_off(cut);
+        pairs.push((seq, continuation));
     }
     let lps = logprob(model, &pairs, batch)?;
     let sum = |lp: &[f32]| lp.iter().map(|&x| x as f64).sum::<f64>();
@@ -65,7 +76,7 @@ fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target
     Ok(Attribution { values, credit: None, sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_loo", version: "3", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_loo", version: "4", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let p: LooParams = ctx.params()?;

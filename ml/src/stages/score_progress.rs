@@ -7,7 +7,8 @@
 //! `estimate = "mc"`: V_t = fraction of `k` prover completions from the prefix that the verifier
 //! finds correct, V_T = the trace's own reward (the `score_mc` machinery, seeds and truncation
 //! rules, with the prover sampling). `estimate = "prefill"`: V_t = p_prover(y* | x, u_1..u_t)
-//! with y* = `answer_template` filled with the reference answer: no sampling, T + 1 teacher-forced
+//! with y* = `answer_template` filled with the reference answer (joined to each prefix as
+//! [`crate::traces::AnswerTarget`] says): no sampling, T + 1 teacher-forced
 //! sequences per trace.
 //!
 //! Output: `scores` with `R` = V_0..V_T, `v` = zeros, σ = `normalize`(Δ) (so it can also serve
@@ -17,7 +18,7 @@ use anyhow::Result;
 use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::score_mc::mc_values;
-use crate::traces::{answer_ids, score_attribution, Attribution, Trace};
+use crate::traces::{score_attribution, AnswerTarget, Attribution, Trace};
 use crate::sampling::SamplerParams;
 use super::score_mc::McParams;
 use super::{load_policy_on, use_threads};
@@ -42,16 +43,22 @@ struct ProgressParams {
 /// V_t = p(y* | x, u_1..u_t) for t = 0..T, and Δ_t as the credit.
 fn prefill_values(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, batch: usize) -> Result<Attribution> {
     let tt = trace.tokens(tok)?;
-    let y = answer_ids(tok, template, trace.answer()?)?;
+    let y = AnswerTarget::new(tok, template, trace.answer()?)?;
     let cuts = std::iter::once(0).chain(tt.bounds.iter().map(|&(_, e)| e));
-    let pairs: Vec<(Vec<i64>, Vec<i64>)> = cuts.map(|upto| (tt.prefix(upto), y.clone())).collect();
+    let pairs = cuts
+        .map(|upto| {
+            let prefix = tt.prefix(upto);
+            let y = y.after(tok, &prefix)?.to_vec();
+            Ok((prefix, y))
+        })
+        .collect::<Result<Vec<(Vec<i64>, Vec<i64>)>>>()?;
     let lps = logprob(model, &pairs, batch)?;
     let values: Vec<f64> = lps.iter().map(|lp| lp.iter().map(|&x| x as f64).sum::<f64>().exp()).collect();
     let credit = rredcot::credit::progress::step_progress(&values);
     Ok(Attribution { values, credit: Some(credit), sequences: pairs.len(), positions: pairs.iter().map(|(p, c)| p.len() + c.len()).sum() })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_progress", version: "11", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_progress", version: "12", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let (s, mc, p): (SamplerParams, McParams, ProgressParams) = (ctx.params()?, ctx.params()?, ctx.params()?);

@@ -4,8 +4,9 @@
 //! v_t = log p(u* | x, u_1..u_t) at the T + 1 cut points (prompt end and every segment end), with
 //! the trace's keys/values computed once and shared by all cuts ([`crate::model::score_cuts`]).
 //! σ then follows [`rredcot::credit::sigma`]. y* is `answer_template` filled with the reference
-//! answer (`answer_source = "reference"`) or the rollout's own extracted answer (`"self"`); u* is
-//! the reference solution.
+//! answer (`answer_source = "reference"`) or the rollout's own extracted answer (`"self"`), joined
+//! to each cut without stacking newlines ([`crate::traces::AnswerTarget`]: after a cut that ends a
+//! line, the template's leading newline is dropped); u* is the reference solution.
 //!
 //! Segments cover the chain of thought only (`0..cot_end`, [`rredcot::credit::thinking`]), so
 //! the last cut is the end of the thinking: right after `</think>` for a thinking model, before
@@ -25,7 +26,7 @@ use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::{load_policy_on, use_threads};
 use crate::model::{score_cuts_batch, CutRequest, CutScorer, Tokenizer};
-use crate::traces::{answer_ids, check_answer_template, write_scores, Trace, TraceInputs, TraceTokens};
+use crate::traces::{check_answer_template, write_scores, AnswerTarget, Trace, TraceInputs, TraceTokens};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -85,13 +86,16 @@ struct Scored {
     missing: bool,
 }
 
-/// A trace ready to score: its token ids, cut points and targets (y* and/or u*).
+/// A trace ready to score: its token ids, cut points and targets (the forms of y* its cuts ask
+/// for, then u*).
 struct Request {
     trace: Vec<i64>,
     cuts: Vec<usize>,
     targets: Vec<Vec<i64>>,
-    need_answer: bool,
-    need_solution: bool,
+    /// Per cut, the target that is y* after it (empty when y* is not scored).
+    answer_at: Vec<usize>,
+    /// The target that is u*, when it is scored.
+    solution_at: Option<usize>,
     solution_truncated: bool,
     trace_truncated: bool,
 }
@@ -142,14 +146,14 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
     let mut trace = tokens.prefix(tokens.completion.len());
 
     let y = match answer.filter(|_| need_answer) {
-        Some(a) => Some(answer_ids(tok, &s.answer_template, a.trim())?),
+        Some(a) => Some(AnswerTarget::new(tok, &s.answer_template, a.trim())?),
         None => None,
     };
     let mut u = match solution.filter(|_| need_solution) {
         Some(text) => Some(tok.encode(text)?),
         None => None,
     };
-    let longest = |y: &Option<Vec<i64>>, u: &Option<Vec<i64>>| y.iter().chain(u.iter()).map(Vec::len).max().unwrap_or(0);
+    let longest = |y: &Option<AnswerTarget>, u: &Option<Vec<i64>>| y.iter().map(AnswerTarget::longest).chain(u.iter().map(Vec::len)).max().unwrap_or(0);
     let (mut solution_truncated, mut trace_truncated) = (false, false);
     if trace.len() + longest(&y, &u) > context {
         if s.on_too_long == OnTooLong::Error {
@@ -178,13 +182,24 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
             trace_truncated = true;
         }
     }
-    let targets: Vec<Vec<i64>> = y.into_iter().chain(u).collect();
+    // The targets: each form of y* that some cut asks for (how its prefix ends picks it), then u*.
+    let (mut targets, mut answer_at) = (Vec::new(), Vec::new());
+    if let Some(y) = &y {
+        let forms = cuts.iter().map(|&c| y.variant_after(tok, &trace[..c])).collect::<Result<Vec<usize>>>()?;
+        let used: std::collections::BTreeSet<usize> = forms.iter().copied().collect();
+        targets.extend(used.iter().map(|&k| y.variants()[k].clone()));
+        answer_at = forms.iter().map(|k| used.iter().position(|u| u == k).expect("a used form")).collect();
+    }
+    let solution_at = u.map(|u| {
+        targets.push(u);
+        targets.len() - 1
+    });
     Ok(Prepared::Score(Request {
         trace,
         cuts,
         targets,
-        need_answer,
-        need_solution,
+        answer_at,
+        solution_at,
         solution_truncated,
         trace_truncated,
     }))
@@ -192,15 +207,14 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
 
 /// σ of trace `t` from its values `values[cut][target]` (a non-finite σ is an error naming it).
 fn finish(t: &Trace, q: Request, values: &[Vec<f64>], s: &Settings) -> Result<Scored> {
-    let column = |j: usize| values.iter().map(|row| row[j]).collect::<Vec<f64>>();
-    let r = if q.need_answer { column(0) } else { vec![] };
-    let v = if q.need_solution { column(q.targets.len() - 1) } else { vec![] };
+    let r: Vec<f64> = q.answer_at.iter().zip(values).map(|(&j, row)| row[j]).collect();
+    let v: Vec<f64> = q.solution_at.map_or_else(Vec::new, |j| values.iter().map(|row| row[j]).collect());
     let unnorm = sigma::unnormalized(&r, &v, s.terms);
     let (row, fell_back) = t.score_row(r, v, &unnorm, s.normalize, "rredcot")?;
     Ok(Scored { row, solution_truncated: q.solution_truncated, trace_truncated: q.trace_truncated, fell_back, missing: false })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "3", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "4", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let s: Settings = ctx.params()?;

@@ -12,6 +12,19 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// y* after `prefix` as the scorers must ask for it, from the rule's wording: `template` filled
+/// with `answer`, with as many of its leading newlines dropped as the decoded prefix ends with
+/// (no stacked newlines).
+pub fn y_star_after(tok: &rredcot_ml::model::Tokenizer, template: &str, answer: &str, prefix: &[i64]) -> Vec<i64> {
+    let filled = template.replace("{answer}", answer);
+    let before = tok.decode(prefix, false).unwrap();
+    let (mut y, mut ends) = (filled.as_str(), before.as_str());
+    while let (Some(y_rest), Some(ends_rest)) = (y.strip_prefix('\n'), ends.strip_suffix('\n')) {
+        (y, ends) = (y_rest, ends_rest);
+    }
+    tok.encode(y).unwrap()
+}
+
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
