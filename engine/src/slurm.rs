@@ -749,9 +749,8 @@ fn describe_failure(id: &str, state: &str, slurm_said: &str) -> String {
         let mem = mem_limit.map(|m| format!(" of {m}")).unwrap_or_default();
         parts.insert(0, format!("{how} for exceeding its memory limit{mem}"));
     }
-    let over_mem = over_mem.is_some();
     let hint = match state {
-        _ if over_mem => "; raise resources.mem in the stage file (or default_mem in the profile)",
+        _ if over_mem.is_some() => "; raise resources.mem in the stage file (or default_mem in the profile)",
         "TIMEOUT" => "; raise resources.time in the stage file (or default_time in the profile)",
         "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" => "; rerun to redo it",
         _ => "",

@@ -79,7 +79,7 @@ fn sentence_start(text: &str, line: usize, anchor: usize) -> usize {
 
 /// The `cot_end` of a continuation of a `prefix`-token trace prefix (a reset), counted from the
 /// continuation's first token, given `cot_end` of prefix + continuation: empty (0) when the chain
-/// of thought ended inside the prefix (the answer line read there), `None` when it never ended.
+/// of thought ended inside the prefix (the answer sentence read there), `None` when it never ended.
 pub fn continuation_cot_end(cot_end: Option<usize>, prefix: usize) -> Option<usize> {
     cot_end.map(|c| c.saturating_sub(prefix))
 }
