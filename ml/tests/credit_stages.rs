@@ -13,7 +13,7 @@ use serde_json::Value;
 
 // Each test binary uses part of the shared helpers.
 mod common;
-use common::{output, record, repo, y_star_after, TINY_ROLLOUT, TINY_WORLD};
+use common::{output, record, repo, u_star_after, y_star_after, TINY_ROLLOUT, TINY_WORLD};
 
 fn run_pipeline(store: &Path, pipeline: &Path, sets: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rredcot-worker"));
@@ -115,23 +115,24 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     if comp.last().is_some_and(|t| tok.eos_ids.contains(t)) {
         comp.pop();
     }
-    // y* after each cut (the stages' default answer_template, its newline not stacked on the
-    // cut's: the world's cuts end lines, its last cut ends `</think>`).
+    // After each cut, y* (the stages' default answer_template, its newline not stacked on the
+    // cut's) and u* (the reference solution's chain of thought, on a line of its own): the
+    // world's last cut ends `</think>`, so both ask for a newline there and not after line ends.
     let cuts: Vec<usize> = std::iter::once(0).chain(s0.seg_ends.iter().map(|&e| (e as usize).min(comp.len()))).collect();
-    let pairs: Vec<(Vec<i64>, Vec<i64>)> = cuts
-        .iter()
-        .map(|&c| {
-            let prefix: Vec<i64> = pids.iter().chain(&comp[..c]).copied().collect();
-            let y = y_star_after(tok, "\nThe answer is {answer}.", prompt.answer.as_deref().unwrap(), &prefix);
-            (prefix, y)
-        })
-        .collect();
-    let y_forms: std::collections::BTreeSet<usize> = pairs.iter().map(|(_, y)| y.len()).collect();
-    assert!(y_forms.len() > 1, "trace 0's cuts ask for y* both after a newline and after `</think>`");
-    let oracle = rredcot_ml::model::logprob(&m.model, &pairs, 4).unwrap();
-    for (t, lp) in oracle.iter().enumerate() {
-        let want: f64 = lp.iter().map(|&x| x as f64).sum();
-        assert!((sc[0].r[t] - want).abs() < 1e-4, "R_{t}: stage {} vs oracle {want}", sc[0].r[t]);
+    let prefixes: Vec<Vec<i64>> = cuts.iter().map(|&c| pids.iter().chain(&comp[..c]).copied().collect()).collect();
+    let body = rredcot::credit::thinking::reasoning_body(prompt.solution.as_deref().unwrap());
+    let y_star = |prefix: &[i64]| y_star_after(tok, "\nThe answer is {answer}.", prompt.answer.as_deref().unwrap(), prefix);
+    let u_star = |prefix: &[i64]| u_star_after(tok, body, prefix);
+    let checks: [(&str, &dyn Fn(&[i64]) -> Vec<i64>, &[f64]); 2] = [("R", &y_star, &sc[0].r), ("v", &u_star, &sc[0].v)];
+    for (name, target, got) in checks {
+        let pairs: Vec<(Vec<i64>, Vec<i64>)> = prefixes.iter().map(|p| (p.clone(), target(p))).collect();
+        let forms: std::collections::BTreeSet<usize> = pairs.iter().map(|(_, y)| y.len()).collect();
+        assert!(forms.len() > 1, "{name}: trace 0's cuts ask for their target both after a newline and after `</think>`");
+        let oracle = rredcot_ml::model::logprob(&m.model, &pairs, 4).unwrap();
+        for (t, lp) in oracle.iter().enumerate() {
+            let want: f64 = lp.iter().map(|&x| x as f64).sum();
+            assert!((got[t] - want).abs() < 1e-4, "{name}_{t}: stage {} vs oracle {want}", got[t]);
+        }
     }
 
     // Changing the segmentation reruns exactly segment + score + update; nothing is sampled again.

@@ -4,7 +4,7 @@
 //! at each of its tokens, averaged over the segment.
 //!
 //! `target = "answer"`: y* (`answer_template` filled with the reference answer, joined as
-//! [`crate::traces::AnswerTarget`] says) after the whole trace; `target = "rest"` (the paper's "logprobs of the selected completion tokens"): the
+//! [`crate::traces::JoinedTarget`] says) after the whole trace; `target = "rest"` (the paper's "logprobs of the selected completion tokens"): the
 //! completion's own tokens followed by y*. Output: `R` = the per-segment mean L1 norms and `v` =
 //! zeros (T values each), σ = `normalize`(R), `method = "grad"`. A segment that is only the
 //! trailing stop token (not part of the scored trace) gets 0.
@@ -13,7 +13,7 @@ use anyhow::Result;
 use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::score_loo::Target;
-use crate::traces::{score_attribution, AnswerTarget, Attribution, Trace};
+use crate::traces::{score_attribution, JoinedTarget, Attribution, Trace};
 use super::{load_policy_on, use_threads};
 use crate::model::{embedding_grad_l1, DecoderLm, DeviceChoice, DtypeChoice, Tokenizer};
 use rredcot::credit::sigma::Normalize;
@@ -21,7 +21,7 @@ use rredcot::credit::sigma::Normalize;
 /// Mean gradient L1 norm per segment.
 fn segment_norms(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target: Target) -> Result<Attribution> {
     let tt = trace.tokens(tok)?;
-    let y = AnswerTarget::new(tok, template, trace.answer()?)?;
+    let y = JoinedTarget::answer(tok, template, trace.answer()?)?;
     let p = tt.prompt.len();
     let mut seq = tt.prefix(tt.completion.len());
     seq.extend_from_slice(y.after(tok, &seq)?);

@@ -4,7 +4,7 @@
 //!   PMI_t = log p(target_t | x, u_1..u_T) − log p(target_t | x, trace without u_t)
 //!
 //! with `target = "answer"`: target_t = y* after the whole trace (y* = `answer_template` filled
-//! with the reference answer, joined to each sequence as [`crate::traces::AnswerTarget`] says), or `target = "rest"` (the paper's choice): target_t = the
+//! with the reference answer, joined to each sequence as [`crate::traces::JoinedTarget`] says), or `target = "rest"` (the paper's choice): target_t = the
 //! subsequent segments u_{t+1}..u_T followed by y*, so PMI_t = log p(u_{>t}, y* | x, u_{≤t}) −
 //! log p(u_{>t}, y* | x, u_{<t}).
 //!
@@ -15,7 +15,7 @@
 use anyhow::Result;
 use rredcot::engine::{Builtin, Executable, StageContext};
 
-use crate::traces::{score_attribution, AnswerTarget, Attribution, Trace};
+use crate::traces::{score_attribution, JoinedTarget, Attribution, Trace};
 use super::{load_policy_on, use_threads};
 use crate::model::{logprob, DecoderLm, DeviceChoice, DtypeChoice, Tokenizer};
 use rredcot::credit::sigma::Normalize;
@@ -44,7 +44,7 @@ struct LooParams {
 /// PMI_t for t = 1..T.
 fn pmi(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, target: Target, batch: usize) -> Result<Attribution> {
     let tt = trace.tokens(tok)?;
-    let y = AnswerTarget::new(tok, template, trace.answer()?)?;
+    let y = JoinedTarget::answer(tok, template, trace.answer()?)?;
     let n = tt.completion.len();
     // y* after a sequence, joined to how that sequence ends.
     let with_answer = |mut seq: Vec<i64>| -> Result<Vec<i64>> {

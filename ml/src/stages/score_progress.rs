@@ -8,7 +8,7 @@
 //! finds correct, V_T = the trace's own reward (the `score_mc` machinery, seeds and truncation
 //! rules, with the prover sampling). `estimate = "prefill"`: V_t = p_prover(y* | x, u_1..u_t)
 //! with y* = `answer_template` filled with the reference answer (joined to each prefix as
-//! [`crate::traces::AnswerTarget`] says): no sampling, T + 1 teacher-forced
+//! [`crate::traces::JoinedTarget`] says): no sampling, T + 1 teacher-forced
 //! sequences per trace.
 //!
 //! Output: `scores` with `R` = V_0..V_T, `v` = zeros, σ = `normalize`(Δ) (so it can also serve
@@ -18,7 +18,7 @@ use anyhow::Result;
 use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::score_mc::mc_values;
-use crate::traces::{score_attribution, AnswerTarget, Attribution, Trace};
+use crate::traces::{score_attribution, JoinedTarget, Attribution, Trace};
 use crate::sampling::SamplerParams;
 use super::score_mc::McParams;
 use super::{load_policy_on, use_threads};
@@ -43,7 +43,7 @@ struct ProgressParams {
 /// V_t = p(y* | x, u_1..u_t) for t = 0..T, and Δ_t as the credit.
 fn prefill_values(model: &DecoderLm, tok: &Tokenizer, trace: &Trace, template: &str, batch: usize) -> Result<Attribution> {
     let tt = trace.tokens(tok)?;
-    let y = AnswerTarget::new(tok, template, trace.answer()?)?;
+    let y = JoinedTarget::answer(tok, template, trace.answer()?)?;
     let cuts = std::iter::once(0).chain(tt.bounds.iter().map(|&(_, e)| e));
     let pairs = cuts
         .map(|upto| {

@@ -5,8 +5,9 @@
 //! the trace's keys/values computed once and shared by all cuts ([`crate::model::score_cuts`]).
 //! σ then follows [`rredcot::credit::sigma`]. y* is `answer_template` filled with the reference
 //! answer (`answer_source = "reference"`) or the rollout's own extracted answer (`"self"`), joined
-//! to each cut without stacking newlines ([`crate::traces::AnswerTarget`]: after a cut that ends a
-//! line, the template's leading newline is dropped); u* is the reference solution.
+//! to each cut without stacking newlines ([`crate::traces::JoinedTarget`]: after a cut that ends a
+//! line, the template's leading newline is dropped); u* is the reference solution, on a line of its
+//! own the same way (a newline first after a cut that does not end a line).
 //!
 //! Segments cover the chain of thought only (`0..cot_end`, [`rredcot::credit::thinking`]), so
 //! the last cut is the end of the thinking: right after `</think>` for a thinking model, before
@@ -26,7 +27,7 @@ use rredcot::engine::{Builtin, Executable, StageContext};
 
 use super::{load_policy_on, use_threads};
 use crate::model::{score_cuts_batch, CutRequest, CutScorer, Tokenizer};
-use crate::traces::{check_answer_template, write_scores, AnswerTarget, Trace, TraceInputs, TraceTokens};
+use crate::traces::{check_answer_template, trailing_newlines, write_scores, JoinedTarget, Trace, TraceInputs, TraceTokens};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -86,16 +87,16 @@ struct Scored {
     missing: bool,
 }
 
-/// A trace ready to score: its token ids, cut points and targets (the forms of y* its cuts ask
-/// for, then u*).
+/// A trace ready to score: its token ids, cut points and targets (the forms of y* and of u* its
+/// cuts ask for).
 struct Request {
     trace: Vec<i64>,
     cuts: Vec<usize>,
     targets: Vec<Vec<i64>>,
     /// Per cut, the target that is y* after it (empty when y* is not scored).
     answer_at: Vec<usize>,
-    /// The target that is u*, when it is scored.
-    solution_at: Option<usize>,
+    /// Per cut, the target that is u* after it (empty when u* is not scored).
+    solution_at: Vec<usize>,
     solution_truncated: bool,
     trace_truncated: bool,
 }
@@ -146,14 +147,14 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
     let mut trace = tokens.prefix(tokens.completion.len());
 
     let y = match answer.filter(|_| need_answer) {
-        Some(a) => Some(AnswerTarget::new(tok, &s.answer_template, a.trim())?),
+        Some(a) => Some(JoinedTarget::answer(tok, &s.answer_template, a.trim())?),
         None => None,
     };
     let mut u = match solution.filter(|_| need_solution) {
-        Some(text) => Some(tok.encode(text)?),
+        Some(text) => Some(JoinedTarget::solution(tok, text)?),
         None => None,
     };
-    let longest = |y: &Option<AnswerTarget>, u: &Option<Vec<i64>>| y.iter().map(AnswerTarget::longest).chain(u.iter().map(Vec::len)).max().unwrap_or(0);
+    let longest = |y: &Option<JoinedTarget>, u: &Option<JoinedTarget>| y.iter().chain(u).map(JoinedTarget::longest).max().unwrap_or(0);
     let (mut solution_truncated, mut trace_truncated) = (false, false);
     if trace.len() + longest(&y, &u) > context {
         if s.on_too_long == OnTooLong::Error {
@@ -165,8 +166,8 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
         }
         // 1. Shorten u* to fit beside the whole trace, but keep enough of it to mean something.
         if let Some(u) = u.as_mut() {
-            let keep = context.saturating_sub(trace.len()).max(MIN_SOLUTION_TOKENS.min(u.len()));
-            if keep < u.len() {
+            let keep = context.saturating_sub(trace.len()).max(MIN_SOLUTION_TOKENS.min(u.longest()));
+            if keep < u.longest() {
                 u.truncate(keep);
                 solution_truncated = true;
             }
@@ -182,18 +183,11 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
             trace_truncated = true;
         }
     }
-    // The targets: each form of y* that some cut asks for (how its prefix ends picks it), then u*.
-    let (mut targets, mut answer_at) = (Vec::new(), Vec::new());
-    if let Some(y) = &y {
-        let forms = cuts.iter().map(|&c| y.variant_after(tok, &trace[..c])).collect::<Result<Vec<usize>>>()?;
-        let used: std::collections::BTreeSet<usize> = forms.iter().copied().collect();
-        targets.extend(used.iter().map(|&k| y.variants()[k].clone()));
-        answer_at = forms.iter().map(|k| used.iter().position(|u| u == k).expect("a used form")).collect();
-    }
-    let solution_at = u.map(|u| {
-        targets.push(u);
-        targets.len() - 1
-    });
+    // The targets: each form of y* and of u* that some cut asks for (how its prefix ends picks it).
+    let newlines = cuts.iter().map(|&c| trailing_newlines(tok, &trace[..c])).collect::<Result<Vec<usize>>>()?;
+    let mut targets = Vec::new();
+    let answer_at = y.map_or_else(Vec::new, |y| forms_at_cuts(&y, &newlines, &mut targets));
+    let solution_at = u.map_or_else(Vec::new, |u| forms_at_cuts(&u, &newlines, &mut targets));
     Ok(Prepared::Score(Request {
         trace,
         cuts,
@@ -205,16 +199,32 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
     }))
 }
 
+/// Per cut (given how many newlines it ends with), the index in `targets` of the form of `target`
+/// it asks for; each form some cut asks for is pushed once.
+fn forms_at_cuts(target: &JoinedTarget, newlines: &[usize], targets: &mut Vec<Vec<i64>>) -> Vec<usize> {
+    let mut index_of_form: Vec<Option<usize>> = vec![None; target.forms().len()];
+    newlines
+        .iter()
+        .map(|&n| {
+            let k = target.form_after_newlines(n);
+            *index_of_form[k].get_or_insert_with(|| {
+                targets.push(target.forms()[k].clone());
+                targets.len() - 1
+            })
+        })
+        .collect()
+}
+
 /// σ of trace `t` from its values `values[cut][target]` (a non-finite σ is an error naming it).
 fn finish(t: &Trace, q: Request, values: &[Vec<f64>], s: &Settings) -> Result<Scored> {
     let r: Vec<f64> = q.answer_at.iter().zip(values).map(|(&j, row)| row[j]).collect();
-    let v: Vec<f64> = q.solution_at.map_or_else(Vec::new, |j| values.iter().map(|row| row[j]).collect());
+    let v: Vec<f64> = q.solution_at.iter().zip(values).map(|(&j, row)| row[j]).collect();
     let unnorm = sigma::unnormalized(&r, &v, s.terms);
     let (row, fell_back) = t.score_row(r, v, &unnorm, s.normalize, "rredcot")?;
     Ok(Scored { row, solution_truncated: q.solution_truncated, trace_truncated: q.trace_truncated, fell_back, missing: false })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "4", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "5", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let s: Settings = ctx.params()?;

@@ -16,13 +16,22 @@ use serde_json::Value;
 /// with `answer`, with as many of its leading newlines dropped as the decoded prefix ends with
 /// (no stacked newlines).
 pub fn y_star_after(tok: &rredcot_ml::model::Tokenizer, template: &str, answer: &str, prefix: &[i64]) -> Vec<i64> {
-    let filled = template.replace("{answer}", answer);
+    joined_after(tok, &template.replace("{answer}", answer), prefix)
+}
+
+/// u* (a reference solution's chain of thought) after `prefix` as score_sigma must ask for it: on a
+/// line of its own, i.e. after a newline unless the decoded prefix already ends one.
+pub fn u_star_after(tok: &rredcot_ml::model::Tokenizer, solution: &str, prefix: &[i64]) -> Vec<i64> {
+    joined_after(tok, &format!("\n{}", solution.trim_start_matches('\n')), prefix)
+}
+
+fn joined_after(tok: &rredcot_ml::model::Tokenizer, text: &str, prefix: &[i64]) -> Vec<i64> {
     let before = tok.decode(prefix, false).unwrap();
-    let (mut y, mut ends) = (filled.as_str(), before.as_str());
-    while let (Some(y_rest), Some(ends_rest)) = (y.strip_prefix('\n'), ends.strip_suffix('\n')) {
-        (y, ends) = (y_rest, ends_rest);
+    let (mut text, mut ends) = (text, before.as_str());
+    while let (Some(text_rest), Some(ends_rest)) = (text.strip_prefix('\n'), ends.strip_suffix('\n')) {
+        (text, ends) = (text_rest, ends_rest);
     }
-    tok.encode(y).unwrap()
+    tok.encode(text).unwrap()
 }
 
 pub fn repo() -> PathBuf {
