@@ -164,6 +164,9 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     assert!(shared["counters"]["rows_reused"].as_i64().unwrap() >= 3 * 2, "{shared}");
     assert_eq!(every["counters"]["rows_reused"].as_i64(), Some(0));
     assert!(shared["counters"]["forward_tokens"].as_i64() < every["counters"]["forward_tokens"].as_i64());
+    // Each cut is scored for its own forms of y* and u* only (trace 0 asks for two of each).
+    let cuts: usize = sc.iter().map(|row| row.r.len()).sum();
+    assert_eq!(every["counters"]["target_rows"].as_i64(), Some(2 * cuts as i64), "{every}");
     for (a, b) in sc.iter().zip(scores(&store, &all_rows)) {
         for (x, y) in a.r.iter().chain(&a.v).zip(b.r.iter().chain(&b.v)) {
             assert!((x - y).abs() < 1e-4, "shared rows {x} vs every row {y}");

@@ -87,18 +87,29 @@ struct Scored {
     missing: bool,
 }
 
-/// A trace ready to score: its token ids, cut points and targets (the forms of y* and of u* its
-/// cuts ask for).
+/// A trace ready to score: its token ids and its cuts, grouped by the forms of y* / u* they ask
+/// for.
 struct Request {
     trace: Vec<i64>,
-    cuts: Vec<usize>,
-    targets: Vec<Vec<i64>>,
-    /// Per cut, the target that is y* after it (empty when y* is not scored).
-    answer_at: Vec<usize>,
-    /// Per cut, the target that is u* after it (empty when u* is not scored).
-    solution_at: Vec<usize>,
+    /// One model-core request each. Every target of a request is scored at each of its cuts, so a
+    /// cut gets only its own forms: scoring u*'s second form at every cut of the quickstart (where
+    /// only the `</think>` cut asks for it) cost σ 65 % more positions. A trace's groups come one
+    /// after another, so the later ones reuse its keys/values ([`crate::model::PrefixReuse`]).
+    groups: Vec<CutGroup>,
+    /// How many cuts the groups hold together (the length of R and v).
+    cuts: usize,
+    scores_answer: bool,
+    scores_solution: bool,
     solution_truncated: bool,
     trace_truncated: bool,
+}
+
+/// The cuts of a trace that ask for the same forms: `targets` = [y*'s form][u*'s form] (each only
+/// when scored), `at[i]` = the index of `cuts[i]` among the trace's cuts.
+struct CutGroup {
+    at: Vec<usize>,
+    cuts: Vec<usize>,
+    targets: Vec<Vec<i64>>,
 }
 
 /// What one segments row needs: scoring, or nothing (uniform σ: no reference to score against).
@@ -183,48 +194,60 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
             trace_truncated = true;
         }
     }
-    // The targets: each form of y* and of u* that some cut asks for (how its prefix ends picks it).
-    let newlines = cuts.iter().map(|&c| trailing_newlines(tok, &trace[..c])).collect::<Result<Vec<usize>>>()?;
-    let mut targets = Vec::new();
-    let answer_at = y.map_or_else(Vec::new, |y| forms_at_cuts(&y, &newlines, &mut targets));
-    let solution_at = u.map_or_else(Vec::new, |u| forms_at_cuts(&u, &newlines, &mut targets));
+    // The forms of y* and u* each cut asks for (how its prefix ends picks them), cuts grouped by them.
+    let mut groups: Vec<(Vec<Option<usize>>, CutGroup)> = Vec::new();
+    for (i, &c) in cuts.iter().enumerate() {
+        let newlines = trailing_newlines(tok, &trace[..c])?;
+        let forms: Vec<Option<usize>> = [&y, &u].iter().map(|t| t.as_ref().map(|t| t.form_after_newlines(newlines))).collect();
+        let g = match groups.iter().position(|(f, _)| *f == forms) {
+            Some(g) => g,
+            None => {
+                let targets = [&y, &u].iter().zip(&forms).filter_map(|(t, k)| Some(t.as_ref()?.forms()[(*k)?].clone())).collect();
+                groups.push((forms, CutGroup { at: Vec::new(), cuts: Vec::new(), targets }));
+                groups.len() - 1
+            }
+        };
+        groups[g].1.at.push(i);
+        groups[g].1.cuts.push(c);
+    }
     Ok(Prepared::Score(Request {
         trace,
-        cuts,
-        targets,
-        answer_at,
-        solution_at,
+        groups: groups.into_iter().map(|(_, g)| g).collect(),
+        cuts: cuts.len(),
+        scores_answer: y.is_some(),
+        scores_solution: u.is_some(),
         solution_truncated,
         trace_truncated,
     }))
 }
 
-/// Per cut (given how many newlines it ends with), the index in `targets` of the form of `target`
-/// it asks for; each form some cut asks for is pushed once.
-fn forms_at_cuts(target: &JoinedTarget, newlines: &[usize], targets: &mut Vec<Vec<i64>>) -> Vec<usize> {
-    let mut index_of_form: Vec<Option<usize>> = vec![None; target.forms().len()];
-    newlines
-        .iter()
-        .map(|&n| {
-            let k = target.form_after_newlines(n);
-            *index_of_form[k].get_or_insert_with(|| {
-                targets.push(target.forms()[k].clone());
-                targets.len() - 1
-            })
-        })
-        .collect()
-}
-
-/// σ of trace `t` from its values `values[cut][target]` (a non-finite σ is an error naming it).
-fn finish(t: &Trace, q: Request, values: &[Vec<f64>], s: &Settings) -> Result<Scored> {
-    let r: Vec<f64> = q.answer_at.iter().zip(values).map(|(&j, row)| row[j]).collect();
-    let v: Vec<f64> = q.solution_at.iter().zip(values).map(|(&j, row)| row[j]).collect();
+/// σ of trace `t` from its groups' values `values[group][cut][target]` (a non-finite σ is an error
+/// naming it).
+fn finish(t: &Trace, q: Request, values: &[Vec<Vec<f64>>], s: &Settings) -> Result<Scored> {
+    let (mut r, mut v) = (vec![0.0; q.cuts], vec![0.0; q.cuts]);
+    for (g, values) in q.groups.iter().zip(values) {
+        for (&i, row) in g.at.iter().zip(values) {
+            let mut row = row.iter();
+            if q.scores_answer {
+                r[i] = *row.next().expect("y* scored");
+            }
+            if q.scores_solution {
+                v[i] = *row.next().expect("u* scored");
+            }
+        }
+    }
+    if !q.scores_answer {
+        r.clear();
+    }
+    if !q.scores_solution {
+        v.clear();
+    }
     let unnorm = sigma::unnormalized(&r, &v, s.terms);
     let (row, fell_back) = t.score_row(r, v, &unnorm, s.normalize, "rredcot")?;
     Ok(Scored { row, solution_truncated: q.solution_truncated, trace_truncated: q.trace_truncated, fell_back, missing: false })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "5", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "6", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let s: Settings = ctx.params()?;
@@ -241,40 +264,50 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         let tokens = t.tokens(&tok)?;
         prepared.push(prepare(context, &tok, &s, t, tokens).with_context(|| t.at.clone())?);
     }
-    // 2. The traces to score, in one model-core call: rows shared between traces (the prompt-end
-    //    cut of a group, samples that begin alike) scored once, the rest in packed passes.
-    let to_score: Vec<usize> = (0..prepared.len()).filter(|&i| matches!(prepared[i], Prepared::Score(_))).collect();
-    let requests: Vec<CutRequest> = to_score
-        .iter()
-        .map(|&i| match &prepared[i] {
-            Prepared::Score(q) => CutRequest { trace: &q.trace, cuts: &q.cuts, targets: &q.targets },
-            Prepared::Done(_) => unreachable!("only traces to score"),
-        })
-        .collect();
+    // 2. The traces to score, in one model-core call (a request per cut group, a trace's groups
+    //    one after another): rows shared between traces (the prompt-end cut of a group, samples
+    //    that begin alike) scored once, the rest in packed passes.
+    let mut requests: Vec<CutRequest> = Vec::new();
+    let mut row_of_request: Vec<usize> = Vec::new();
+    for (i, p) in prepared.iter().enumerate() {
+        if let Prepared::Score(q) = p {
+            for g in &q.groups {
+                requests.push(CutRequest { trace: &q.trace, cuts: &g.cuts, targets: &g.targets });
+                row_of_request.push(i);
+            }
+        }
+    }
+    let target_rows: usize = requests.iter().map(|q| q.cuts.len() * q.targets.len()).sum();
     let t0 = Instant::now();
     let mut progress = ctx.progress(traces.len() as u64, "sigma");
-    let uniform = prepared.len() - requests.len();
+    let uniform = prepared.iter().filter(|p| matches!(p, Prepared::Done(_))).count();
+    // After k requests (they finish in order), the traces whose every group is scored.
+    let traces_done: Vec<usize> = std::iter::once(0)
+        .chain((1..=requests.len()).scan(0, |n, k| {
+            *n += (row_of_request.get(k) != Some(&row_of_request[k - 1])) as usize;
+            Some(*n)
+        }))
+        .collect();
     let (scored, cost) = score_cuts_batch(&model, &requests, s.scorer, s.pack_tokens, s.dedupe_rows, |done| {
-        let done = uniform + done;
+        let done = uniform + traces_done[done];
         let rate = done as f64 / t0.elapsed().as_secs_f64().max(1e-9);
         progress.set(done as u64, &format!("sigma {rate:.1} traces/s"));
     })
     .map_err(|e| {
-        let rows = format!("scoring {} through row {}", traces[to_score[e.first]].at, to_score[e.last]);
+        let rows = format!("scoring {} through row {}", traces[row_of_request[e.first]].at, row_of_request[e.last]);
         anyhow::Error::new(e.error).context(rows)
     })?;
-    let mut values: Vec<Option<Vec<Vec<f64>>>> = vec![None; prepared.len()];
-    for (&i, v) in to_score.iter().zip(scored) {
-        values[i] = Some(v);
+    let mut values: Vec<Vec<Vec<Vec<f64>>>> = vec![Vec::new(); prepared.len()];
+    for (&i, v) in row_of_request.iter().zip(scored) {
+        values[i].push(v);
     }
     // 3. σ per trace, in row order.
     let mut out = Vec::with_capacity(traces.len());
     let (mut sol_trunc, mut trace_trunc, mut fell_back, mut missing) = (0i64, 0i64, 0i64, 0i64);
     for ((p, v), t) in prepared.into_iter().zip(values).zip(&traces) {
-        let scored = match (p, v) {
-            (Prepared::Done(d), _) => d,
-            (Prepared::Score(q), Some(v)) => finish(t, q, &v, &s)?,
-            (Prepared::Score(_), None) => unreachable!("every trace to score was scored"),
+        let scored = match p {
+            Prepared::Done(d) => d,
+            Prepared::Score(q) => finish(t, q, &v, &s)?,
         };
         sol_trunc += scored.solution_truncated as i64;
         trace_trunc += scored.trace_truncated as i64;
@@ -290,6 +323,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
     ctx.count("forward_sequences", cost.sequences as i64);
     ctx.count("forward_tokens", cost.positions as i64);
     ctx.count("rows_reused", cost.reused_rows as i64);
+    // (cut, target) rows asked for, shared ones included: R's and v's length when each cut gets
+    // only its own forms of y* and u*.
+    ctx.count("target_rows", target_rows as i64);
     ctx.metric("scoring_s_per_trace", t0.elapsed().as_secs_f64() / out.len().max(1) as f64);
     write_scores(ctx, &out, fell_back, s.normalize)
 }
