@@ -123,7 +123,8 @@ fn credit_chain_scores_reruns_incrementally_and_matches_the_oracle() {
     let body = rredcot::credit::thinking::reasoning_body(prompt.solution.as_deref().unwrap());
     let y_star = |prefix: &[i64]| y_star_after(tok, "\nThe answer is {answer}.", prompt.answer.as_deref().unwrap(), prefix);
     let u_star = |prefix: &[i64]| u_star_after(tok, body, prefix);
-    let checks: [(&str, &dyn Fn(&[i64]) -> Vec<i64>, &[f64]); 2] = [("R", &y_star, &sc[0].r), ("v", &u_star, &sc[0].v)];
+    type TargetAfter<'a> = &'a dyn Fn(&[i64]) -> Vec<i64>;
+    let checks: [(&str, TargetAfter, &[f64]); 2] = [("R", &y_star, &sc[0].r), ("v", &u_star, &sc[0].v)];
     for (name, target, got) in checks {
         let pairs: Vec<(Vec<i64>, Vec<i64>)> = prefixes.iter().map(|p| (p.clone(), target(p))).collect();
         let forms: std::collections::BTreeSet<usize> = pairs.iter().map(|(_, y)| y.len()).collect();
