@@ -58,7 +58,7 @@ src, dst, skip = sys.argv[1], sys.argv[2], set(sys.argv[3:])
 blocks = open(src).read().split("[[stage]]")
 kept = [blocks[0]] + [b for b in blocks[1:] if re.search(r'^name = "([^"]+)"', b, re.M).group(1) not in skip]
 text = "[[stage]]".join(kept)
-text = "\n".join(l for l in text.split("\n") if not any(re.match(rf'\s*"scores\.{re.escape(s)}"\s*=', l) for s in skip))
+text = "\n".join(l for l in text.split("\n") if not any(re.match(rf'\s*"[a-z_]+\.{re.escape(s)}"\s*=', l) for s in skip))
 open(dst, "w").write(text)
 PYEOF
   PIPELINE=$COPY
