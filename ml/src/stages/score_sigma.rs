@@ -112,6 +112,9 @@ struct CutGroup {
     targets: Vec<Vec<i64>>,
 }
 
+/// The form of y* and of u* a cut asks for (`None`: that term is not scored).
+type CutForms = (Option<usize>, Option<usize>);
+
 /// What one segments row needs: scoring, or nothing (uniform σ: no reference to score against).
 enum Prepared {
     Score(Request),
@@ -195,14 +198,15 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
         }
     }
     // The forms of y* and u* each cut asks for (how its prefix ends picks them), cuts grouped by them.
-    let mut groups: Vec<(Vec<Option<usize>>, CutGroup)> = Vec::new();
+    let mut groups: Vec<(CutForms, CutGroup)> = Vec::new();
     for (i, &c) in cuts.iter().enumerate() {
         let newlines = trailing_newlines(tok, &trace[..c])?;
-        let forms: Vec<Option<usize>> = [&y, &u].iter().map(|t| t.as_ref().map(|t| t.form_after_newlines(newlines))).collect();
+        let form = |t: &Option<JoinedTarget>| t.as_ref().map(|t| t.form_after_newlines(newlines));
+        let forms = (form(&y), form(&u));
         let g = match groups.iter().position(|(f, _)| *f == forms) {
             Some(g) => g,
             None => {
-                let targets = [&y, &u].iter().zip(&forms).filter_map(|(t, k)| Some(t.as_ref()?.forms()[(*k)?].clone())).collect();
+                let targets = [(&y, forms.0), (&u, forms.1)].into_iter().filter_map(|(t, k)| Some(t.as_ref()?.forms()[k?].clone())).collect();
                 groups.push((forms, CutGroup { at: Vec::new(), cuts: Vec::new(), targets }));
                 groups.len() - 1
             }
@@ -224,23 +228,17 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
 /// σ of trace `t` from its groups' values `values[group][cut][target]` (a non-finite σ is an error
 /// naming it).
 fn finish(t: &Trace, q: Request, values: &[Vec<Vec<f64>>], s: &Settings) -> Result<Scored> {
-    let (mut r, mut v) = (vec![0.0; q.cuts], vec![0.0; q.cuts]);
+    // R and v stay empty for a term that is not scored.
+    let values_of = |scored: bool| if scored { vec![0.0; q.cuts] } else { Vec::new() };
+    let (mut r, mut v) = (values_of(q.scores_answer), values_of(q.scores_solution));
     for (g, values) in q.groups.iter().zip(values) {
         for (&i, row) in g.at.iter().zip(values) {
+            // A group's targets: y*'s form, then u*'s, each only when scored.
             let mut row = row.iter();
-            if q.scores_answer {
-                r[i] = *row.next().expect("y* scored");
-            }
-            if q.scores_solution {
-                v[i] = *row.next().expect("u* scored");
+            for out in [&mut r, &mut v].into_iter().filter(|out| !out.is_empty()) {
+                out[i] = *row.next().expect("one value per scored target");
             }
         }
-    }
-    if !q.scores_answer {
-        r.clear();
-    }
-    if !q.scores_solution {
-        v.clear();
     }
     let unnorm = sigma::unnormalized(&r, &v, s.terms);
     let (row, fell_back) = t.score_row(r, v, &unnorm, s.normalize, "rredcot")?;
