@@ -130,7 +130,7 @@ fn main() -> anyhow::Result<()> {
     let table2_cuts: Vec<usize> = (0..120).map(|i| 64 + i * 8).collect();
     let score_seconds = |m: &DecoderLm| -> anyhow::Result<f64> {
         let reqs: Vec<model::CutRequest> =
-            traces.iter().map(|t| model::CutRequest { trace: t, cuts: &table2_cuts, targets: &targets }).collect();
+            traces.iter().map(|t| model::CutRequest::every_target(t, &table2_cuts, &targets)).collect();
         let mut best = f64::INFINITY;
         for _ in 0..reps {
             sync(dev);

@@ -10,7 +10,7 @@ use crate::engine::Executable::Worker;
 pub const WORKER_STAGES: &[BuiltinInfo] = &[
     BuiltinInfo { name: "bootstrap_sft", version: "4", runs_in: Worker },
     BuiltinInfo { name: "rollout", version: "12", runs_in: Worker },
-    BuiltinInfo { name: "score_sigma", version: "6", runs_in: Worker },
+    BuiltinInfo { name: "score_sigma", version: "7", runs_in: Worker },
     BuiltinInfo { name: "score_mc", version: "12", runs_in: Worker },
     BuiltinInfo { name: "score_loo", version: "4", runs_in: Worker },
     BuiltinInfo { name: "score_grad", version: "4", runs_in: Worker },

@@ -97,12 +97,8 @@ pub fn logprob(
     Ok(out)
 }
 
-fn validate_cuts(
-    model: &DecoderLm,
-    trace: &[i64],
-    cuts: &[usize],
-    targets: &[Vec<i64>],
-) -> Result<()> {
+fn validate_cuts(model: &DecoderLm, q: &CutRequest) -> Result<()> {
+    let CutRequest { trace, cuts, targets, picks } = *q;
     let longest = targets.iter().map(Vec::len).max().unwrap_or(0);
     model.check_ids(trace, 0, longest)?;
     for (i, t) in targets.iter().enumerate() {
@@ -117,6 +113,14 @@ fn validate_cuts(
             trace.len()
         )));
     }
+    if let Some(picks) = picks {
+        if picks.len() != cuts.len() {
+            return Err(ModelError::Request(format!("{} target picks for {} cuts", picks.len(), cuts.len())));
+        }
+        if let Some((i, &bad)) = picks.iter().enumerate().find_map(|(i, p)| Some((i, p.iter().find(|&&j| j >= targets.len())?))) {
+            return Err(ModelError::Request(format!("cut {i} picks target {bad} of {}", targets.len())));
+        }
+    }
     Ok(())
 }
 
@@ -128,22 +132,51 @@ pub fn score_cuts(
     cuts: &[usize],
     targets: &[Vec<i64>],
 ) -> Result<Vec<Vec<f64>>> {
-    let mut out = score_cuts_many(model, &[CutRequest { trace, cuts, targets }])?;
+    let mut out = score_cuts_many(model, &[CutRequest::every_target(trace, cuts, targets)])?;
     Ok(out.pop().unwrap_or_default())
 }
 
-/// Per request, per cut, per target: the summed log-probability of the target after the cut.
+/// Per request, per cut, per target the cut scores: the summed log-probability of the target
+/// after the cut.
 pub type CutScores = Vec<Vec<Vec<f64>>>;
 
-/// One trace to score at its cut points (the arguments of [`score_cuts`]).
+/// One trace to score at its cut points (the arguments of [`score_cuts`]), every target at every
+/// cut or, with `picks`, each cut its own targets.
 #[derive(Debug, Clone, Copy)]
 pub struct CutRequest<'a> {
     pub trace: &'a [i64],
     pub cuts: &'a [usize],
     pub targets: &'a [Vec<i64>],
+    /// Per cut, the indices into `targets` it scores, in the order of its values (`None`: every
+    /// target). RREDCoT's y* and u* are written one way after a cut that ends a line and another
+    /// after one that does not: a cut asks for one form of each, and scoring the others too
+    /// costs positions and gives values nobody reads.
+    pub picks: Option<&'a [Vec<usize>]>,
 }
 
-/// (request, index into its `own_cuts`, target) that scores a row.
+impl<'a> CutRequest<'a> {
+    /// Every target scored at every cut.
+    pub fn every_target(trace: &'a [i64], cuts: &'a [usize], targets: &'a [Vec<i64>]) -> Self {
+        CutRequest { trace, cuts, targets, picks: None }
+    }
+
+    /// How many targets cut `i` scores.
+    pub fn targets_at(&self, i: usize) -> usize {
+        self.picks.map_or(self.targets.len(), |p| p[i].len())
+    }
+
+    /// The `s`-th target cut `i` scores.
+    pub fn target(&self, i: usize, s: usize) -> &'a [i64] {
+        &self.targets[self.picks.map_or(s, |p| p[i][s])]
+    }
+
+    /// Every (cut index, target slot) row, cut by cut.
+    fn rows(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.cuts.len()).flat_map(move |i| (0..self.targets_at(i)).map(move |s| (i, s)))
+    }
+}
+
+/// (request, index into its `own_cuts`, target slot) that scores a row.
 type RowSource = (usize, usize, usize);
 
 /// Rows that several requests share. A row is (prefix `trace[..cut]`, target); two rows with the
@@ -155,8 +188,10 @@ pub struct SharedRows {
     /// Per request, the cut positions it scores itself (the first occurrence of at least one of
     /// its rows), ascending; empty when all its rows were scored by earlier requests.
     own_cuts: Vec<Vec<usize>>,
-    /// Per request, cut index and target: (request, index into its `own_cuts`, target) that
-    /// scores the row.
+    /// Per request with picks, those of its own cuts.
+    own_picks: Vec<Option<Vec<Vec<usize>>>>,
+    /// Per request, cut index and target slot: (request, index into its `own_cuts`, target slot)
+    /// that scores the row.
     source: Vec<Vec<Vec<RowSource>>>,
     reused: usize,
 }
@@ -170,16 +205,11 @@ impl SharedRows {
         let mut owner = Vec::with_capacity(reqs.len());
         let mut reused = 0;
         for (r, q) in reqs.iter().enumerate() {
-            let rows: Vec<Vec<RowSource>> = q
-                .cuts
-                .iter()
-                .enumerate()
-                .map(|(i, &c)| {
-                    q.targets
-                        .iter()
-                        .enumerate()
-                        .map(|(j, t)| {
-                            let at = *first.entry((&q.trace[..c], t.as_slice())).or_insert((r, i, j));
+            let rows: Vec<Vec<RowSource>> = (0..q.cuts.len())
+                .map(|i| {
+                    (0..q.targets_at(i))
+                        .map(|s| {
+                            let at = *first.entry((&q.trace[..q.cuts[i]], q.target(i, s))).or_insert((r, i, s));
                             reused += (at.0 != r || at.1 != i) as usize;
                             at
                         })
@@ -207,17 +237,19 @@ impl SharedRows {
             })
             .collect();
         let own_cuts = own_idx.iter().zip(reqs).map(|(idx, q)| idx.iter().map(|&i| q.cuts[i]).collect()).collect();
-        SharedRows { own_cuts, source, reused }
+        let own_picks = own_idx.iter().zip(reqs).map(|(idx, q)| q.picks.map(|p| idx.iter().map(|&i| p[i].clone()).collect())).collect();
+        SharedRows { own_cuts, own_picks, source, reused }
     }
 
     /// No sharing: every request scores all its rows.
     pub fn none(reqs: &[CutRequest]) -> Self {
         SharedRows {
             own_cuts: reqs.iter().map(|q| q.cuts.to_vec()).collect(),
+            own_picks: reqs.iter().map(|q| q.picks.map(<[_]>::to_vec)).collect(),
             source: reqs
                 .iter()
                 .enumerate()
-                .map(|(r, q)| (0..q.cuts.len()).map(|i| (0..q.targets.len()).map(|j| (r, i, j)).collect()).collect())
+                .map(|(r, q)| (0..q.cuts.len()).map(|i| (0..q.targets_at(i)).map(|s| (r, i, s)).collect()).collect())
                 .collect(),
             reused: 0,
         }
@@ -228,7 +260,7 @@ impl SharedRows {
     pub fn request<'a>(&'a self, r: usize, q: &CutRequest<'a>) -> Option<CutRequest<'a>> {
         let cuts = &self.own_cuts[r];
         let last = *cuts.last()?;
-        Some(CutRequest { trace: &q.trace[..last], cuts, targets: q.targets })
+        Some(CutRequest { trace: &q.trace[..last], cuts, targets: q.targets, picks: self.own_picks[r].as_deref() })
     }
 
     /// Rows not scored because an earlier row equals them.
@@ -296,8 +328,8 @@ pub fn score_cuts_reusing(
     reqs: &[CutRequest],
     reuse: &mut Option<PrefixReuse>,
 ) -> Result<CutScores> {
-    for r in reqs {
-        validate_cuts(model, r.trace, r.cuts, r.targets)?;
+    for q in reqs {
+        validate_cuts(model, q)?;
     }
     if reqs.is_empty() {
         return Ok(vec![]);
@@ -326,7 +358,7 @@ pub fn score_cuts_reusing(
             }
         };
         let d = h.size()[2];
-        // 2. First target token of every (trace, cut, target) from the hidden state at cut - 1.
+        // 2. First target token of every (trace, cut, target slot) from the hidden state at cut - 1.
         let last: Vec<i64> = reqs
             .iter()
             .enumerate()
@@ -334,14 +366,14 @@ pub fn score_cuts_reusing(
             .collect();
         let h_cut = h.view([b * n_max, d]).index_select(0, &Tensor::from_slice(&last).to_device(dev));
         // Every (cut, target)'s first-token logprob: a [ΣC, K] matrix of first tokens (K = the
-        // most targets of a request, the rest padding) scored on the device and read back at
-        // once: one synchronisation, not one per value (11,520 cuts × 2 targets in Table 2).
-        let k_max = reqs.iter().map(|q| q.targets.len()).max().unwrap_or(0).max(1);
+        // most targets of a cut, the rest padding) scored on the device and read back at once:
+        // one synchronisation, not one per value (11,520 cuts × 2 targets in Table 2).
+        let k_max = reqs.iter().flat_map(|q| (0..q.cuts.len()).map(|i| q.targets_at(i))).max().unwrap_or(0).max(1);
         let mut first_tokens = Vec::with_capacity(last.len() * k_max);
         for q in reqs {
-            for _ in q.cuts {
-                first_tokens.extend(q.targets.iter().map(|t| t[0]));
-                first_tokens.extend(std::iter::repeat_n(0, k_max - q.targets.len()));
+            for i in 0..q.cuts.len() {
+                first_tokens.extend((0..q.targets_at(i)).map(|s| q.target(i, s)[0]));
+                first_tokens.extend(std::iter::repeat_n(0, k_max - q.targets_at(i)));
             }
         }
         let first_tokens = Tensor::from_slice(&first_tokens).view([last.len() as i64, k_max as i64]).to_device(dev);
@@ -353,22 +385,22 @@ pub fn score_cuts_reusing(
             .iter()
             .map(|q| {
                 (0..q.cuts.len())
-                    .map(|_| firsts.next().expect("one row per cut")[..q.targets.len()].to_vec())
+                    .map(|i| firsts.next().expect("one row per cut")[..q.targets_at(i)].to_vec())
                     .collect()
             })
             .collect();
-        // 3. The remaining target tokens. Rows (trace, cut, target) sorted by target length, so a
-        //    chunk is padded only to about its own length.
+        // 3. The remaining target tokens. Rows (trace, cut, target slot) sorted by target length,
+        //    so a chunk is padded only to about its own length.
         let prefix = cache.packed(&lens);
         let mut rows: Vec<(usize, usize, usize)> = reqs
             .iter()
             .enumerate()
-            .flat_map(|(r, q)| (0..q.cuts.len()).flat_map(move |i| (0..q.targets.len()).map(move |j| (r, i, j))))
-            .filter(|&(r, _, j)| reqs[r].targets[j].len() > 1)
+            .flat_map(|(r, q)| q.rows().map(move |(i, s)| (r, i, s)))
+            .filter(|&(r, i, s)| reqs[r].target(i, s).len() > 1)
             .collect();
-        rows.sort_by_key(|&(r, _, j)| reqs[r].targets[j].len());
+        rows.sort_by_key(|&(r, i, s)| reqs[r].target(i, s).len());
         let keys = Tensor::arange(total, (Kind::Int64, dev)).view([1, 1, 1, total]);
-        let own_len = |&(r, _, j): &(usize, usize, usize)| reqs[r].targets[j].len() as i64 - 1;
+        let own_len = |&(r, i, s): &(usize, usize, usize)| reqs[r].target(i, s).len() as i64 - 1;
         let mut start = 0;
         while start < rows.len() {
             // Rows sorted by length: the chunk's last row is its longest and every row is padded
@@ -392,8 +424,8 @@ pub fn score_cuts_reusing(
             let cells = (m * own) as usize;
             let (mut inp, mut tgt, mut valid, mut positions) = (vec![0i64; cells], vec![0i64; cells], vec![0f64; cells], vec![0i64; cells]);
             let (mut lo, mut hi) = (vec![0i64; m as usize], vec![0i64; m as usize]);
-            for (row, &(r, i, j)) in chunk.iter().enumerate() {
-                let t = &reqs[r].targets[j];
+            for (row, &(r, i, s)) in chunk.iter().enumerate() {
+                let t = reqs[r].target(i, s);
                 let cut = reqs[r].cuts[i] as i64;
                 lo[row] = offsets[r];
                 hi[row] = offsets[r] + cut;
@@ -421,8 +453,8 @@ pub fn score_cuts_reusing(
                 * Tensor::from_slice(&valid).view([m, own]).to_device(dev);
             let sums = Vec::<f64>::try_from(lp.sum_dim_intlist(-1, false, Kind::Double).to_device(Device::Cpu))
                 .map_err(|e| ModelError::Request(format!("reading scores: {e}")))?;
-            for (row, &(r, i, j)) in chunk.iter().enumerate() {
-                out[r][i][j] += sums[row];
+            for (row, &(r, i, s)) in chunk.iter().enumerate() {
+                out[r][i][s] += sums[row];
             }
         }
         if let [q] = reqs {
@@ -496,7 +528,7 @@ pub fn score_cuts_batch(
 ) -> std::result::Result<(CutScores, CutCost), PackError> {
     // Before sharing rows, which slices every trace at its cuts.
     for (r, q) in reqs.iter().enumerate() {
-        validate_cuts(model, q.trace, q.cuts, q.targets).map_err(|error| PackError { first: r, last: r, error })?;
+        validate_cuts(model, q).map_err(|error| PackError { first: r, last: r, error })?;
     }
     let shared = if dedupe { SharedRows::find(reqs) } else { SharedRows::none(reqs) };
     let reduced: Vec<Option<CutRequest>> = reqs.iter().enumerate().map(|(r, q)| shared.request(r, q)).collect();
@@ -528,7 +560,7 @@ pub fn score_cuts_batch(
         }
         let values = match scorer {
             CutScorer::KvShared => score_cuts_reusing(model, &reqs, &mut reuse),
-            CutScorer::Naive => reqs.iter().map(|q| score_cuts_naive(model, q.trace, q.cuts, q.targets)).collect(),
+            CutScorer::Naive => reqs.iter().map(|q| score_request_naive(model, q)).collect(),
         }
         .map_err(|error| PackError { first: pack[0], last: pack[pack.len() - 1], error })?;
         for (&r, v) in pack.iter().zip(values) {
@@ -543,9 +575,11 @@ pub fn score_cuts_batch(
 /// Model cost of scoring `q`: (sequences, token positions) run. kv_shared: the trace once, then
 /// every (cut, target) row on its shared prefix; naive: one prefill per (cut, target).
 fn pass_cost(q: &CutRequest, scorer: CutScorer) -> (usize, usize) {
+    let rows = q.rows().count();
+    let target_tokens: usize = q.rows().map(|(i, s)| q.target(i, s).len()).sum();
     match scorer {
-        CutScorer::KvShared => (1 + q.cuts.len() * q.targets.len(), q.trace.len() + q.cuts.len() * q.targets.iter().map(Vec::len).sum::<usize>()),
-        CutScorer::Naive => (q.cuts.len() * q.targets.len(), q.cuts.iter().flat_map(|c| q.targets.iter().map(move |t| c + t.len())).sum()),
+        CutScorer::KvShared => (1 + rows, q.trace.len() + target_tokens),
+        CutScorer::Naive => (rows, q.rows().map(|(i, _)| q.cuts[i]).sum::<usize>() + target_tokens),
     }
 }
 
@@ -557,12 +591,18 @@ pub fn score_cuts_naive(
     cuts: &[usize],
     targets: &[Vec<i64>],
 ) -> Result<Vec<Vec<f64>>> {
-    validate_cuts(model, trace, cuts, targets)?;
+    score_request_naive(model, &CutRequest::every_target(trace, cuts, targets))
+}
+
+/// [`score_cuts_naive`] for a request whose cuts may pick their targets.
+pub fn score_request_naive(model: &DecoderLm, q: &CutRequest) -> Result<Vec<Vec<f64>>> {
+    validate_cuts(model, q)?;
     let dev = model.device();
+    let trace = q.trace;
     tch::no_grad(|| {
-        let mut out = vec![vec![0f64; targets.len()]; cuts.len()];
-        for (i, &c) in cuts.iter().enumerate() {
-            for (j, t) in targets.iter().enumerate() {
+        let mut out: Vec<Vec<f64>> = (0..q.cuts.len()).map(|i| vec![0f64; q.targets_at(i)]).collect();
+        for (i, &c) in q.cuts.iter().enumerate() {
+            for (j, t) in (0..q.targets_at(i)).map(|s| q.target(i, s)).enumerate() {
                 let seq: Vec<i64> = trace[..c].iter().chain(t.iter()).copied().collect();
                 let len = seq.len() as i64;
                 let ids = Tensor::from_slice(&seq).view([1, len]).to_device(dev);
@@ -699,7 +739,7 @@ pub(crate) mod tests {
                 vec![rand_ids(9, 61, 7), rand_ids(2, 61, 8), rand_ids(15, 61, 9)],
             ];
             let reqs: Vec<CutRequest> =
-                (0..3).map(|r| CutRequest { trace: &traces[r], cuts: &cuts[r], targets: &targets[r] }).collect();
+                (0..3).map(|r| CutRequest::every_target(&traces[r], &cuts[r], &targets[r])).collect();
             let packed = score_cuts_many(&m, &reqs).unwrap();
             assert_eq!(packed.len(), 3);
             for r in 0..3 {
@@ -729,7 +769,7 @@ pub(crate) mod tests {
         let cuts: [Vec<usize>; 4] = [vec![12, 22, 32], vec![12, 22, 32], vec![12, 22, 26, 30], vec![9, 17]];
         let (y, u) = (rand_ids(3, 61, 5), rand_ids(7, 61, 6));
         let targets = vec![y, u];
-        let reqs: Vec<CutRequest> = (0..4).map(|r| CutRequest { trace: &traces[r], cuts: &cuts[r], targets: &targets }).collect();
+        let reqs: Vec<CutRequest> = (0..4).map(|r| CutRequest::every_target(&traces[r], &cuts[r], &targets)).collect();
         let shared = SharedRows::find(&reqs);
         // b repeats a (3 cuts x 2 targets); c's first two cuts repeat a's: 10 rows reused.
         assert_eq!(shared.reused_rows(), 10);
@@ -738,7 +778,7 @@ pub(crate) mod tests {
         assert_eq!((rc.cuts, rc.trace.len()), (&[26usize, 30][..], 30));
         let reduced: Vec<Option<CutRequest>> = reqs.iter().enumerate().map(|(r, q)| shared.request(r, q)).collect();
         let scored: Vec<Option<Vec<Vec<f64>>>> =
-            reduced.iter().map(|q| q.map(|q| score_cuts(&m, q.trace, q.cuts, q.targets).unwrap())).collect();
+            reduced.iter().map(|q| q.map(|q| score_cuts_many(&m, &[q]).unwrap().remove(0))).collect();
         let values = shared.expand(&scored);
         for r in 0..4 {
             let alone = score_cuts_naive(&m, &traces[r], &cuts[r], &targets).unwrap();
@@ -763,7 +803,7 @@ pub(crate) mod tests {
         let traces = [a.clone(), a, d];
         let cuts: [Vec<usize>; 3] = [vec![12, 22, 32], vec![12, 22, 32], vec![9, 17]];
         let targets = vec![rand_ids(3, 61, 34), rand_ids(7, 61, 35)];
-        let reqs: Vec<CutRequest> = (0..3).map(|r| CutRequest { trace: &traces[r], cuts: &cuts[r], targets: &targets }).collect();
+        let reqs: Vec<CutRequest> = (0..3).map(|r| CutRequest::every_target(&traces[r], &cuts[r], &targets)).collect();
         let want: Vec<Vec<Vec<f64>>> = (0..3).map(|r| score_cuts_naive(&m, &traces[r], &cuts[r], &targets).unwrap()).collect();
         for (scorer, pack_tokens, dedupe) in
             [(CutScorer::KvShared, 1, true), (CutScorer::KvShared, 4096, true), (CutScorer::KvShared, 4096, false), (CutScorer::Naive, 1, true)]
@@ -784,9 +824,54 @@ pub(crate) mod tests {
         }
         // A request the model cannot score fails its pack, which names its requests.
         let bad_cuts = vec![40usize];
-        let bad = [reqs[0], CutRequest { trace: &traces[2], cuts: &bad_cuts, targets: &targets }];
+        let bad = [reqs[0], CutRequest::every_target(&traces[2], &bad_cuts, &targets)];
         let e = score_cuts_batch(&m, &bad, CutScorer::KvShared, 1, true, |_| {}).unwrap_err();
         assert_eq!((e.first, e.last), (1, 1), "{e}");
+    }
+
+    #[test]
+    fn cuts_that_pick_their_targets_score_those_alone_like_the_oracle() {
+        let m = tiny_model(Arch::Qwen2, 24);
+        let prompt = rand_ids(10, 61, 41);
+        let a: Vec<i64> = prompt.iter().chain(&rand_ids(30, 61, 42)).copied().collect();
+        let b: Vec<i64> = prompt.iter().chain(&rand_ids(20, 61, 43)).copied().collect();
+        let targets = vec![rand_ids(1, 61, 44), rand_ids(5, 61, 45), rand_ids(9, 61, 46), rand_ids(3, 61, 47)];
+        let cuts = [vec![10usize, 18, 25, 40], vec![10usize, 30]];
+        // Picks in any order, a cut with none; b's prompt-end cut asks for two of a's rows there.
+        let picks = [vec![vec![0, 2], vec![1], vec![3, 2, 0], vec![]], vec![vec![2, 0], vec![1, 3]]];
+        let traces = [&a, &b];
+        let reqs: Vec<CutRequest> =
+            (0..2).map(|r| CutRequest { trace: traces[r], cuts: &cuts[r], targets: &targets, picks: Some(&picks[r]) }).collect();
+        let every: Vec<Vec<Vec<f64>>> = (0..2).map(|r| score_cuts_naive(&m, traces[r], &cuts[r], &targets).unwrap()).collect();
+        // (scorer, pack_tokens, dedupe, sequences run): a's 6 rows and b's 4, b's first 2 shared.
+        for (scorer, pack_tokens, dedupe, sequences) in [
+            (CutScorer::KvShared, 1, false, 12),
+            (CutScorer::KvShared, 1, true, 10),
+            (CutScorer::KvShared, 4096, true, 10),
+            (CutScorer::Naive, 1, false, 10),
+        ] {
+            let case = format!("{scorer:?}, pack_tokens {pack_tokens}, dedupe {dedupe}");
+            let (got, cost) = score_cuts_batch(&m, &reqs, scorer, pack_tokens, dedupe, |_| {}).unwrap();
+            for r in 0..2 {
+                for (i, p) in picks[r].iter().enumerate() {
+                    assert_eq!(got[r][i].len(), p.len(), "{case}: trace {r} cut {i}");
+                    for (x, &j) in got[r][i].iter().zip(p) {
+                        let want = every[r][i][j];
+                        assert!((x - want).abs() <= 1e-4, "{case}: trace {r} cut {i} target {j}: {x} vs {want}");
+                    }
+                }
+            }
+            assert_eq!((cost.sequences, cost.reused_rows), (sequences, if dedupe { 2 } else { 0 }), "{case}");
+        }
+        // The same values as every target at every cut, read at the picks: the comparison can fail.
+        assert!((every[0][0][0] - every[0][0][2]).abs() > 1e-3);
+        // Picks that do not fit the cuts or the targets are errors naming them.
+        let short = [vec![0usize]];
+        let e = score_cuts_many(&m, &[CutRequest { picks: Some(&short), ..reqs[1] }]).unwrap_err().to_string();
+        assert!(e.contains("1 target picks for 2 cuts"), "{e}");
+        let beyond = [vec![0usize], vec![4]];
+        let e = score_cuts_many(&m, &[CutRequest { picks: Some(&beyond), ..reqs[1] }]).unwrap_err().to_string();
+        assert!(e.contains("cut 1 picks target 4 of 4"), "{e}");
     }
 
     #[test]
@@ -804,7 +889,7 @@ pub(crate) mod tests {
         for (k, (trace, cuts)) in
             [(&a, vec![15, 30, 40]), (&b, vec![10, 15, 33, 55]), (&c, vec![16, 30]), (&d, vec![1, 20])].into_iter().enumerate()
         {
-            let req = [CutRequest { trace, cuts: &cuts, targets: &targets }];
+            let req = [CutRequest::every_target(trace, &cuts, &targets)];
             assert_eq!(PrefixReuse::tokens_saved(&reuse, &req), shared_expected[k], "trace {k}");
             let got = score_cuts_reusing(&m, &req, &mut reuse).unwrap();
             let want = score_cuts_naive(&m, trace, &cuts, &targets).unwrap();

@@ -87,33 +87,22 @@ struct Scored {
     missing: bool,
 }
 
-/// A trace ready to score: its token ids and its cuts, grouped by the forms of y* / u* they ask
-/// for.
+/// A trace ready to score: its token ids, its cuts, the forms of y* and u* and which of them
+/// each cut asks for.
 struct Request {
     trace: Vec<i64>,
-    /// One model-core request each. Every target of a request is scored at each of its cuts, so a
-    /// cut gets only its own forms: scoring u*'s second form at every cut of the quickstart (where
-    /// only the `</think>` cut asks for it) cost σ 65 % more positions. A trace's groups come one
-    /// after another, so the later ones reuse its keys/values ([`crate::model::PrefixReuse`]).
-    groups: Vec<CutGroup>,
-    /// How many cuts the groups hold together (the length of R and v).
-    cuts: usize,
+    cuts: Vec<usize>,
+    /// y*'s forms, then u*'s (each only when scored).
+    targets: Vec<Vec<i64>>,
+    /// Per cut, its form of y* then its form of u* (indices into `targets`): a cut is scored
+    /// against its own forms only. Scoring u*'s second form at every cut of the quickstart (where
+    /// only the `</think>` cut asks for it) cost σ 65 % more positions.
+    picks: Vec<Vec<usize>>,
     scores_answer: bool,
     scores_solution: bool,
     solution_truncated: bool,
     trace_truncated: bool,
 }
-
-/// The cuts of a trace that ask for the same forms: `targets` = [y*'s form][u*'s form] (each only
-/// when scored), `at[i]` = the index of `cuts[i]` among the trace's cuts.
-struct CutGroup {
-    at: Vec<usize>,
-    cuts: Vec<usize>,
-    targets: Vec<Vec<i64>>,
-}
-
-/// The form of y* and of u* a cut asks for (`None`: that term is not scored).
-type CutForms = (Option<usize>, Option<usize>);
 
 /// What one segments row needs: scoring, or nothing (uniform σ: no reference to score against).
 enum Prepared {
@@ -197,27 +186,20 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
             trace_truncated = true;
         }
     }
-    // The forms of y* and u* each cut asks for (how its prefix ends picks them), cuts grouped by them.
-    let mut groups: Vec<(CutForms, CutGroup)> = Vec::new();
-    for (i, &c) in cuts.iter().enumerate() {
+    // The forms of y* and u* each cut asks for: how its prefix ends picks them.
+    let (y_forms, u_forms) = (y.as_ref().map_or(&[][..], JoinedTarget::forms), u.as_ref().map_or(&[][..], JoinedTarget::forms));
+    let mut picks = Vec::with_capacity(cuts.len());
+    for &c in &cuts {
         let newlines = trailing_newlines(tok, &trace[..c])?;
-        let form = |t: &Option<JoinedTarget>| t.as_ref().map(|t| t.form_after_newlines(newlines));
-        let forms = (form(&y), form(&u));
-        let g = match groups.iter().position(|(f, _)| *f == forms) {
-            Some(g) => g,
-            None => {
-                let targets = [(&y, forms.0), (&u, forms.1)].into_iter().filter_map(|(t, k)| Some(t.as_ref()?.forms()[k?].clone())).collect();
-                groups.push((forms, CutGroup { at: Vec::new(), cuts: Vec::new(), targets }));
-                groups.len() - 1
-            }
-        };
-        groups[g].1.at.push(i);
-        groups[g].1.cuts.push(c);
+        let y_pick = y.as_ref().map(|y| y.form_after_newlines(newlines));
+        let u_pick = u.as_ref().map(|u| y_forms.len() + u.form_after_newlines(newlines));
+        picks.push(y_pick.into_iter().chain(u_pick).collect());
     }
     Ok(Prepared::Score(Request {
         trace,
-        groups: groups.into_iter().map(|(_, g)| g).collect(),
-        cuts: cuts.len(),
+        cuts,
+        targets: y_forms.iter().chain(u_forms).cloned().collect(),
+        picks,
         scores_answer: y.is_some(),
         scores_solution: u.is_some(),
         solution_truncated,
@@ -225,27 +207,19 @@ fn prepare(context: usize, tok: &Tokenizer, s: &Settings, trace: &Trace, tokens:
     }))
 }
 
-/// σ of trace `t` from its groups' values `values[group][cut][target]` (a non-finite σ is an error
+/// σ of trace `t` from its values `values[cut][picked target]` (a non-finite σ is an error
 /// naming it).
-fn finish(t: &Trace, q: Request, values: &[Vec<Vec<f64>>], s: &Settings) -> Result<Scored> {
-    // R and v stay empty for a term that is not scored.
-    let values_of = |scored: bool| if scored { vec![0.0; q.cuts] } else { Vec::new() };
-    let (mut r, mut v) = (values_of(q.scores_answer), values_of(q.scores_solution));
-    for (g, values) in q.groups.iter().zip(values) {
-        for (&i, row) in g.at.iter().zip(values) {
-            // A group's targets: y*'s form, then u*'s, each only when scored.
-            let mut row = row.iter();
-            for out in [&mut r, &mut v].into_iter().filter(|out| !out.is_empty()) {
-                out[i] = *row.next().expect("one value per scored target");
-            }
-        }
-    }
+fn finish(t: &Trace, q: Request, values: &[Vec<f64>], s: &Settings) -> Result<Scored> {
+    // A cut's values: y*'s form, then u*'s, each only when scored (R / v stay empty otherwise).
+    let column = |scored: bool, k: usize| if scored { values.iter().map(|row| row[k]).collect() } else { Vec::new() };
+    let r = column(q.scores_answer, 0);
+    let v = column(q.scores_solution, q.scores_answer as usize);
     let unnorm = sigma::unnormalized(&r, &v, s.terms);
     let (row, fell_back) = t.score_row(r, v, &unnorm, s.normalize, "rredcot")?;
     Ok(Scored { row, solution_truncated: q.solution_truncated, trace_truncated: q.trace_truncated, fell_back, missing: false })
 }
 
-pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "6", runs_in: Executable::Worker, run };
+pub const STAGE: Builtin = Builtin { name: "score_sigma", version: "7", runs_in: Executable::Worker, run };
 
 pub fn run(ctx: &mut StageContext) -> Result<()> {
     let s: Settings = ctx.params()?;
@@ -262,32 +236,23 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         let tokens = t.tokens(&tok)?;
         prepared.push(prepare(context, &tok, &s, t, tokens).with_context(|| t.at.clone())?);
     }
-    // 2. The traces to score, in one model-core call (a request per cut group, a trace's groups
-    //    one after another): rows shared between traces (the prompt-end cut of a group, samples
-    //    that begin alike) scored once, the rest in packed passes.
+    // 2. The traces to score, in one model-core call: rows shared between traces (the
+    //    prompt-end cut of a group, samples that begin alike) scored once, the rest in packed
+    //    passes.
     let mut requests: Vec<CutRequest> = Vec::new();
     let mut row_of_request: Vec<usize> = Vec::new();
     for (i, p) in prepared.iter().enumerate() {
         if let Prepared::Score(q) = p {
-            for g in &q.groups {
-                requests.push(CutRequest { trace: &q.trace, cuts: &g.cuts, targets: &g.targets });
-                row_of_request.push(i);
-            }
+            requests.push(CutRequest { trace: &q.trace, cuts: &q.cuts, targets: &q.targets, picks: Some(&q.picks) });
+            row_of_request.push(i);
         }
     }
-    let target_rows: usize = requests.iter().map(|q| q.cuts.len() * q.targets.len()).sum();
+    let target_rows: usize = requests.iter().flat_map(|q| q.picks.unwrap_or_default()).map(Vec::len).sum();
     let t0 = Instant::now();
     let mut progress = ctx.progress(traces.len() as u64, "sigma");
     let uniform = prepared.iter().filter(|p| matches!(p, Prepared::Done(_))).count();
-    // After k requests (they finish in order), the traces whose every group is scored.
-    let traces_done: Vec<usize> = std::iter::once(0)
-        .chain((1..=requests.len()).scan(0, |n, k| {
-            *n += (row_of_request.get(k) != Some(&row_of_request[k - 1])) as usize;
-            Some(*n)
-        }))
-        .collect();
     let (scored, cost) = score_cuts_batch(&model, &requests, s.scorer, s.pack_tokens, s.dedupe_rows, |done| {
-        let done = uniform + traces_done[done];
+        let done = uniform + done;
         let rate = done as f64 / t0.elapsed().as_secs_f64().max(1e-9);
         progress.set(done as u64, &format!("sigma {rate:.1} traces/s"));
     })
@@ -295,9 +260,9 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
         let rows = format!("scoring {} through row {}", traces[row_of_request[e.first]].at, row_of_request[e.last]);
         anyhow::Error::new(e.error).context(rows)
     })?;
-    let mut values: Vec<Vec<Vec<Vec<f64>>>> = vec![Vec::new(); prepared.len()];
+    let mut values: Vec<Vec<Vec<f64>>> = vec![Vec::new(); prepared.len()];
     for (&i, v) in row_of_request.iter().zip(scored) {
-        values[i].push(v);
+        values[i] = v;
     }
     // 3. σ per trace, in row order.
     let mut out = Vec::with_capacity(traces.len());
