@@ -42,7 +42,7 @@ pub use generate::{
 };
 pub use layers::KvCache;
 pub use score::{
-    embedding_grad_l1, logprob, score_cuts, score_cuts_batch, score_cuts_many, score_cuts_naive, score_cuts_reusing, score_request_naive, CutCost,
+    embedding_grad_l1, logprob, score_cuts, score_cuts_batch, score_cuts_many, score_cuts_naive, score_cuts_reusing, CutCost,
     CutRequest, CutScorer, PackError, PrefixReuse, SharedRows,
 };
 pub use tokenizer::{ChatMessage, ChatTemplate, Tokenizer};

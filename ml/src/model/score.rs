@@ -595,26 +595,24 @@ pub fn score_cuts_naive(
 }
 
 /// [`score_cuts_naive`] for a request whose cuts may pick their targets.
-pub fn score_request_naive(model: &DecoderLm, q: &CutRequest) -> Result<Vec<Vec<f64>>> {
+fn score_request_naive(model: &DecoderLm, q: &CutRequest) -> Result<Vec<Vec<f64>>> {
     validate_cuts(model, q)?;
     let dev = model.device();
-    let trace = q.trace;
     tch::no_grad(|| {
         let mut out: Vec<Vec<f64>> = (0..q.cuts.len()).map(|i| vec![0f64; q.targets_at(i)]).collect();
-        for (i, &c) in q.cuts.iter().enumerate() {
-            for (j, t) in (0..q.targets_at(i)).map(|s| q.target(i, s)).enumerate() {
-                let seq: Vec<i64> = trace[..c].iter().chain(t.iter()).copied().collect();
-                let len = seq.len() as i64;
-                let ids = Tensor::from_slice(&seq).view([1, len]).to_device(dev);
-                let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
-                let h = model.hidden(&ids, &pos, &AttnMask::Causal, None);
-                let logits = model.logits(&h.narrow(1, c as i64 - 1, t.len() as i64));
-                check_finite(&logits, i)?;
-                let tgt = Tensor::from_slice(t).view([1, -1]).to_device(dev);
-                out[i][j] = logprobs_at(&logits, &tgt.unsqueeze(-1), 1.0)
-                    .sum(Kind::Double)
-                    .double_value(&[]);
-            }
+        for (i, s) in q.rows() {
+            let (c, t) = (q.cuts[i], q.target(i, s));
+            let seq: Vec<i64> = q.trace[..c].iter().chain(t.iter()).copied().collect();
+            let len = seq.len() as i64;
+            let ids = Tensor::from_slice(&seq).view([1, len]).to_device(dev);
+            let pos = Tensor::arange(len, (Kind::Int64, dev)).view([1, len]);
+            let h = model.hidden(&ids, &pos, &AttnMask::Causal, None);
+            let logits = model.logits(&h.narrow(1, c as i64 - 1, t.len() as i64));
+            check_finite(&logits, i)?;
+            let tgt = Tensor::from_slice(t).view([1, -1]).to_device(dev);
+            out[i][s] = logprobs_at(&logits, &tgt.unsqueeze(-1), 1.0)
+                .sum(Kind::Double)
+                .double_value(&[]);
         }
         Ok(out)
     })

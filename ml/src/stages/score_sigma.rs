@@ -247,7 +247,7 @@ pub fn run(ctx: &mut StageContext) -> Result<()> {
             row_of_request.push(i);
         }
     }
-    let target_rows: usize = requests.iter().flat_map(|q| q.picks.unwrap_or_default()).map(Vec::len).sum();
+    let target_rows: usize = requests.iter().flat_map(|q| (0..q.cuts.len()).map(|i| q.targets_at(i))).sum();
     let t0 = Instant::now();
     let mut progress = ctx.progress(traces.len() as u64, "sigma");
     let uniform = prepared.iter().filter(|p| matches!(p, Prepared::Done(_))).count();
