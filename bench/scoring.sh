@@ -4,7 +4,8 @@
 #     segment, score_sigma); wall time and peak RSS from their run records.
 #  2. Per trace, on the quickstart model and on SmolLM2-135M (f32 CPU): one rollout's generation
 #     time, KV-shared σ scoring and the naive per-prefix oracle at T = 40 segments, each mode in
-#     its own process so each peak RSS is its own.
+#     its own process so each peak RSS is its own, each with rredcot-worker's caching CPU allocator
+#     as the stages have it (RREDCOT_CPU_CACHE_MB=0: libtorch's own, as before 2026-12-02).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/env.sh
@@ -45,6 +46,7 @@ for m in ["quickstart", "smollm2"]:
         "kv_score_over_generate": kv["score_s"] / g["generate_s"],
         "max_abs_diff_vs_naive": diff,
         "peak_rss_generate_mb": g["peak_rss_mb"], "peak_rss_kv_mb": kv["peak_rss_mb"], "peak_rss_naive_mb": nv["peak_rss_mb"],
+        "cpu_allocator": kv["cpu_allocator"],
     }
 stages = {}
 for st in ["rollout", "segment", "score"]:

@@ -7,12 +7,16 @@
 //!   and scores R_t and v_t at every cut with the KV-shared scorer or the naive oracle (one
 //!   prefill per cut and target); writes the values so the script can compare them.
 //!
+//! Each process installs rredcot-worker's caching CPU allocator first, as the stages run
+//! (`RREDCOT_CPU_CACHE_MB=0`: libtorch's own); OUT_JSON says which one ran.
+//!
 //! usage: bench_scoring MODEL MODE TRACE OUT_JSON THREADS TOKENS SEGMENTS
 
 use std::path::Path;
 use std::time::Instant;
 
 use rredcot::credit::segmentation::{self, Method, Params};
+use rredcot_ml::cpu_cache;
 use rredcot_ml::model::{self, ChatMessage, LoadOptions, SamplingParams};
 
 const QUESTION: &str = "Tom has 17 boxes with 23 apples each. He gives away 5 boxes. How many apples does he have left?";
@@ -23,6 +27,11 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, model_path, mode, trace_path, out, threads, tokens, segments] = args.as_slice() else {
         anyhow::bail!("usage: bench_scoring MODEL MODE TRACE OUT_JSON THREADS TOKENS SEGMENTS");
+    };
+    // Before the first tensor, as rredcot-worker does.
+    let allocator = match cpu_cache::install_from_env().map_err(anyhow::Error::msg)? {
+        cpu_cache::Setup::Installed => "rredcot cpu_cache",
+        cpu_cache::Setup::Off | cpu_cache::Setup::Unavailable => "libtorch",
     };
     tch::set_num_threads(threads.parse()?);
     let opts = LoadOptions { device: model::DeviceChoice::Cpu, dtype: model::DtypeChoice::F32 };
@@ -76,6 +85,7 @@ fn main() -> anyhow::Result<()> {
     };
     let mut result = result;
     result["peak_rss_mb"] = rredcot::engine::exec::peak_rss_mb().into();
+    result["cpu_allocator"] = allocator.into();
     std::fs::write(out, serde_json::to_string_pretty(&result)?)?;
     Ok(())
 }

@@ -62,6 +62,27 @@ pub fn install(limit: u64) -> bool {
     }
 }
 
+/// How [`install_from_env`] left libtorch's CPU allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// The cache is libtorch's CPU allocator.
+    Installed,
+    /// `RREDCOT_CPU_CACHE_MB=0`: libtorch's own, as asked.
+    Off,
+    /// libtorch's own: this build has no cache or libtorch refused it.
+    Unavailable,
+}
+
+/// What a process that runs stages does before its first tensor: the cache installed with the
+/// limit [`limit_from_env`] reads; `Err` for a bad setting.
+pub fn install_from_env() -> Result<Setup, String> {
+    Ok(match limit_from_env()? {
+        Some(limit) if install(limit) => Setup::Installed,
+        Some(_) => Setup::Unavailable,
+        None => Setup::Off,
+    })
+}
+
 /// Frees every cached block.
 pub fn release() {
     #[cfg(rredcot_cpu_cache)]

@@ -11,13 +11,11 @@ fn refuse(e: String) -> ! {
 
 fn main() {
     // Before the first tensor: the caching CPU allocator (ml/src/cpu_cache.rs says why).
-    match cpu_cache::limit_from_env() {
-        Ok(Some(limit)) => {
-            if !cpu_cache::install(limit) {
-                eprintln!("rredcot-worker: warning: libtorch's CPU allocator is used (the caching one could not be installed)");
-            }
+    match cpu_cache::install_from_env() {
+        Ok(cpu_cache::Setup::Installed | cpu_cache::Setup::Off) => {}
+        Ok(cpu_cache::Setup::Unavailable) => {
+            eprintln!("rredcot-worker: warning: libtorch's CPU allocator is used (the caching one could not be installed)")
         }
-        Ok(None) => {}
         Err(e) => refuse(e),
     }
     // The LM head's piece size (ml/src/model/head.rs).
