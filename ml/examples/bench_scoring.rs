@@ -29,10 +29,7 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("usage: bench_scoring MODEL MODE TRACE OUT_JSON THREADS TOKENS SEGMENTS");
     };
     // Before the first tensor, as rredcot-worker does.
-    let allocator = match cpu_cache::install_from_env().map_err(anyhow::Error::msg)? {
-        cpu_cache::Setup::Installed => "rredcot cpu_cache",
-        cpu_cache::Setup::Off | cpu_cache::Setup::Unavailable => "libtorch",
-    };
+    let allocator = cpu_cache::install_from_env().map_err(anyhow::Error::msg)?.allocator();
     tch::set_num_threads(threads.parse()?);
     let opts = LoadOptions { device: model::DeviceChoice::Cpu, dtype: model::DtypeChoice::F32 };
     let loaded = model::load(Path::new(model_path), &opts)?;

@@ -73,6 +73,16 @@ pub enum Setup {
     Unavailable,
 }
 
+impl Setup {
+    /// The allocator libtorch's CPU tensors come from, as benchmarks record it.
+    pub fn allocator(self) -> &'static str {
+        match self {
+            Setup::Installed => "rredcot cpu_cache",
+            Setup::Off | Setup::Unavailable => "libtorch",
+        }
+    }
+}
+
 /// What a process that runs stages does before its first tensor: the cache installed with the
 /// limit [`limit_from_env`] reads; `Err` for a bad setting.
 pub fn install_from_env() -> Result<Setup, String> {
