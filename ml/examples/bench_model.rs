@@ -13,14 +13,6 @@ use rredcot_ml::cpu_cache;
 use rredcot_ml::model::{self, ChatMessage, LoadOptions, SamplingParams};
 use tch::{Kind, Tensor};
 
-fn peak_rss_mb() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, gguf, base_dir, out, threads] = args.as_slice() else {
@@ -157,7 +149,7 @@ fn main() -> anyhow::Result<()> {
         "greedy_128_identical_to_transformers_b1".into(),
         greedy_equal.into(),
     );
-    res.insert("peak_rss_mb".into(), peak_rss_mb().into());
+    res.insert("peak_rss_mb".into(), rredcot::engine::exec::peak_rss_mb().into());
     res.insert(
         "transformers_peak_rss_mb".into(),
         base["transformers_peak_rss_mb"].clone(),
