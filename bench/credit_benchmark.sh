@@ -44,7 +44,9 @@ if [ "$REAL" = 1 ]; then
   $PY ml/tests/model_ref.py gguf "${SMOLLM2_GGUF:-$(smollm2_gguf)}" "$M" > /dev/null 2>&1
   for s in rollout sigma sigma_signed sigma_softmax sigma_answer sigma_solution mc5 mc20 loo grad srpo rrpo; do kept "$s" && sets+=(--set "$s.inputs.policy=file:$M"); done
   for s in locate segment benchmark; do sets+=(--set "$s.inputs.tokenizer=file:$M"); done
-  sets+=(--set "progress.inputs.prover=file:$M" --set locate.limit=$TRACES)
+  # progress takes the model as its prover; with progress in SKIP its stage is not in the copy.
+  kept progress && sets+=(--set "progress.inputs.prover=file:$M")
+  sets+=(--set locate.limit=$TRACES)
 fi
 # SKIP="mc20 ...": run a copy of the pipeline without those scorers (and their benchmark inputs;
 # every other stage keys as in the file), recorded under `not_run` with NOT_RUN_REASON.
